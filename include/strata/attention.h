@@ -1,0 +1,97 @@
+// strata/attention.h: dense softmax attention on the CPU, flash-style (tiled, online softmax,
+// never an Nq x Nk buffer), forward and backward, plus the masks every baseline needs.
+//
+//   O = softmax(scale * Q K^T + bias + mask) V         per (batch, query head)
+//   lse[b, h, i] = log sum_j exp(scale * q_i . k_j + bias_ij)   over allowed keys j (natural log)
+//
+// Shapes (layout BSHD; with Layout::BHSD dims 1 and 2 are swapped, any strides):
+//   q    batch x seqlen_q x heads_q  x head_dim
+//   k    batch x seqlen_k x heads_kv x head_dim        heads_q % heads_kv == 0 (GQA / MQA)
+//   v    batch x seqlen_k x heads_kv x head_dim_v
+//   o    batch x seqlen_q x heads_q  x head_dim_v      same dtype as q
+//   lse  batch x heads_q  x seqlen_q                   float32, any strides
+// q, k, v, o (and the gradients) are float32 or bfloat16, all the same dtype; math is fp32.
+//
+// Mask (all options combine; key j is allowed for query i when every condition holds):
+//   off = seqlen_k - seqlen_q, p = i + off   (bottom-right alignment, as FlashAttention)
+//   causal:            j <= p
+//   window (l, r):     p - l <= j <= p + r           (-1 = unbounded on that side)
+//   num_global = G:    Longformer-style global tokens: if j < G or p < G the window test is
+//                      waived (one softmax over window + globals); causal still applies
+//   key_padding_mask:  mask[b, j] != 0               (uint8, batch x seqlen_k)
+//   bias:              added to the logits           (broadcastable to batch x heads_q x seqlen_q
+//                                                     x seqlen_k via stride 0; f32 or q's dtype)
+// A query row with no allowed key outputs zeros, lse = -inf, and gets zero gradients (documented
+// choice; PyTorch's SDPA returns NaN there). NaN or Inf in the inputs propagates to the rows it
+// touches (IEEE semantics, no error); finite inputs never produce NaN.
+//
+// Cost: 4 * B * Hq * Nq * Nk * D FLOPs forward (half that for causal), ~2.5x that backward.
+// Threads: parallel over (batch, head, query tile) forward and (batch, kv head, key tile) backward.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "strata/tensor.h"
+
+namespace strata {
+
+enum class Layout : uint8_t { BSHD = 0, BHSD = 1 };
+
+struct AttentionOptions {
+  float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1 / sqrt(head_dim)
+  bool causal = false;
+  int64_t window_left = -1;   // -1: unbounded
+  int64_t window_right = -1;  // -1: unbounded
+  int64_t num_global = 0;     // first G key positions are global tokens (see above)
+  Layout layout = Layout::BSHD;
+  TensorView key_padding_mask;  // optional: batch x seqlen_k, uint8, nonzero = attend
+  TensorView bias;              // optional: 4-D, broadcastable to batch x heads_q x seqlen_q x seqlen_k
+};
+
+// Forward: writes o and lse.
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& o, const TensorView& lse, const AttentionOptions& opt);
+
+// Backward: given dout (shape and dtype of o) and the forward's o and lse, writes dq, dk, dv
+// (shapes and dtype of q, k, v). Recomputes the probabilities from lse; no Nq x Nk buffer.
+// The bias is treated as a constant (no gradient).
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, const TensorView& lse, const TensorView& dout,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const AttentionOptions& opt);
+
+// --- The structured-attention paper's global + sliding-window baseline ("GSWA"), a composition.
+// Head dims of q and k are split a | b (a = split_a): a causal softmax over the a dims and a
+// causal sliding-window softmax (window keys p-window..p) over the b dims; the two PROBABILITY
+// matrices are ADDED without renormalising (rows sum to 2):  O = P_a V + P_b V.
+// This is NOT the Longformer form (use AttentionOptions::num_global for that).
+// o_a and o_b (shape of o, same dtype) receive the two branches (the backward needs them);
+// lse_a / lse_b as for attention_forward. Scale defaults to 1/sqrt(head_dim) of the full q.
+struct PaperGswaOptions {
+  int64_t split_a = 0;  // a: number of head dims in the global (causal) branch, 1..head_dim-1
+  int64_t window = 0;   // w: keys p-w..p in the windowed branch
+  float scale = std::numeric_limits<float>::quiet_NaN();
+  Layout layout = Layout::BSHD;
+};
+void paper_gswa_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, const TensorView& o_a, const TensorView& o_b,
+                        const TensorView& lse_a, const TensorView& lse_b,
+                        const PaperGswaOptions& opt);
+void paper_gswa_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& o_a, const TensorView& o_b, const TensorView& lse_a,
+                         const TensorView& lse_b, const TensorView& dout, const TensorView& dq,
+                         const TensorView& dk, const TensorView& dv, const PaperGswaOptions& opt);
+
+// --- Naive double-precision references (materialise Nq x Nk; for tests and benchmarks only).
+// Same arguments and semantics as the kernels; outputs are double, contiguous, in the BSHD order:
+//   o: B*Nq*Hq*Dv, lse: B*Hq*Nq, dq: B*Nq*Hq*D, dk: B*Nk*Hkv*D, dv: B*Nk*Hkv*Dv.
+namespace reference {
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const AttentionOptions& opt, double* o, double* lse);
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& dout, const AttentionOptions& opt, double* dq,
+                        double* dk, double* dv);
+}  // namespace reference
+
+}  // namespace strata

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Configures and builds strata in build/<config> (release | asan). Needs scripts/setup.sh first.
+# Usage: scripts/build.sh [release|asan] [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIG="${1:-release}"; shift || true
+VENV="${STRATA_HOME:-$HOME/.cache/strata}/venv"
+[ -x "$VENV/bin/python" ] || { echo "[build] ERROR: no venv at $VENV: run scripts/setup.sh first" >&2; exit 1; }
+TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+case "$CONFIG" in
+  release) ARGS=(-DCMAKE_BUILD_TYPE=Release) ;;
+  asan)    ARGS=(-DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON -DSTRATA_WITH_TORCH=OFF) ;;
+  *) echo "[build] ERROR: argument 1: expected release or asan, got '$CONFIG'" >&2; exit 1 ;;
+esac
+export CCACHE_DIR="${CCACHE_DIR:-${STRATA_HOME:-$HOME/.cache/strata}/ccache}"
+cmake -S . -B "build/$CONFIG" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
+  -DPython3_EXECUTABLE="$VENV/bin/python" "${ARGS[@]}" "$@" >/dev/null
+cmake --build "build/$CONFIG" -j "${STRATA_BUILD_JOBS:-$(nproc)}"

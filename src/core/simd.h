@@ -1,0 +1,116 @@
+// src/core/simd.h: a tiny fp32 vector type for the ISA this translation unit is compiled for.
+// Included INSIDE a per-ISA namespace by kernel TUs that define STRATA_ISA_LEVEL:
+//   2 = AVX-512 (16 lanes), 1 = AVX2 + FMA (8 lanes), 0 = scalar (1 lane).
+// Every TU that includes it is compiled with the matching -m flags and is only called after
+// run-time dispatch has checked the CPU (src/core/cpu.cpp), so the binary runs on any x86-64.
+// The including TU must include <cmath>, <cstdint> and (level >= 1) <immintrin.h> first, outside
+// its namespace.
+#pragma once
+
+#if STRATA_ISA_LEVEL == 2
+struct VF {
+  static constexpr int W = 16;
+  __m512 v;
+};
+inline VF vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, VF a) { _mm512_storeu_ps(p, a.v); }
+inline VF vzero() { return {_mm512_setzero_ps()}; }
+inline VF vset1(float x) { return {_mm512_set1_ps(x)}; }
+inline VF vfma(VF a, VF b, VF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline VF vadd(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline VF vsub(VF a, VF b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline VF vmul(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline VF vmax(VF a, VF b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline float vreduce_max(VF a) { return _mm512_reduce_max_ps(a.v); }
+inline float vreduce_add(VF a) { return _mm512_reduce_add_ps(a.v); }
+// 2^x for x <= 0 region used by softmax (any x works; x < -150 gives 0, -inf gives 0, NaN NaN).
+inline VF vexp2(VF x) {
+  __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-150.f));
+  xc = _mm512_min_ps(xc, _mm512_set1_ps(128.f));
+  __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(xc, n);  // f in [-0.5, 0.5]
+  // 2^f, degree-7 Taylor in f*ln2: relative error < 2e-8 on [-0.5, 0.5].
+  __m512 p = _mm512_set1_ps(1.5252733804059840e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381608e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_scalef_ps(p, n);
+  // keep NaN inputs NaN (max/min above may have replaced them)
+  return {_mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), x.v)};
+}
+#elif STRATA_ISA_LEVEL == 1
+struct VF {
+  static constexpr int W = 8;
+  __m256 v;
+};
+inline VF vload(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void vstore(float* p, VF a) { _mm256_storeu_ps(p, a.v); }
+inline VF vzero() { return {_mm256_setzero_ps()}; }
+inline VF vset1(float x) { return {_mm256_set1_ps(x)}; }
+inline VF vfma(VF a, VF b, VF c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline VF vadd(VF a, VF b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline VF vsub(VF a, VF b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline VF vmul(VF a, VF b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline VF vmax(VF a, VF b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline float vreduce_max(VF a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+inline float vreduce_add(VF a) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+inline VF vexp2(VF x) {
+  __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.f));
+  xc = _mm256_min_ps(xc, _mm256_set1_ps(127.f));
+  __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_sub_ps(xc, n);
+  __m256 p = _mm256_set1_ps(1.5252733804059840e-05f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381608e-04f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-03f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-02f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-01f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-01f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  // below 2^-126 flush to 0 (softmax weights that small do not matter); NaN stays NaN
+  r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-126.f), _CMP_LT_OQ));
+  return {_mm256_blendv_ps(r, x.v, _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q))};
+}
+#else
+struct VF {
+  static constexpr int W = 1;
+  float v;
+};
+inline VF vload(const float* p) { return {*p}; }
+inline void vstore(float* p, VF a) { *p = a.v; }
+inline VF vzero() { return {0.f}; }
+inline VF vset1(float x) { return {x}; }
+inline VF vfma(VF a, VF b, VF c) { return {std::fma(a.v, b.v, c.v)}; }
+inline VF vadd(VF a, VF b) { return {a.v + b.v}; }
+inline VF vsub(VF a, VF b) { return {a.v - b.v}; }
+inline VF vmul(VF a, VF b) { return {a.v * b.v}; }
+inline VF vmax(VF a, VF b) { return {a.v > b.v ? a.v : (b.v != b.v ? b.v : (a.v != a.v ? a.v : b.v))}; }
+inline float vreduce_max(VF a) { return a.v; }
+inline float vreduce_add(VF a) { return a.v; }
+inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
+#endif
+
+// Register-blocking shape of the GEMM micro-kernel: MR rows x NV vectors of C in registers.
+#if STRATA_ISA_LEVEL == 2
+constexpr int kMR = 6, kNV = 4;  // 24 accumulators of 32 zmm
+#elif STRATA_ISA_LEVEL == 1
+constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 ymm
+#else
+constexpr int kMR = 4, kNV = 4;
+#endif

@@ -1,0 +1,158 @@
+// src/core/threading.cpp: a small persistent thread pool with dynamic chunking.
+// Workers sleep on a condition variable between regions (no spinning), so a torch peer running
+// in the same process, interleaved with us, gets the cores back.
+#include "strata/threading.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+thread_local bool t_in_region = false;  // nested parallel_for runs inline
+
+class Pool {
+ public:
+  explicit Pool(int n) { resize(n); }
+  ~Pool() { stop(); }
+
+  int size() const { return nthreads_; }
+
+  void resize(int n) {
+    std::lock_guard<std::mutex> no_region(run_mu_);  // never resize under a running region
+    stop();
+    nthreads_ = n;
+    quit_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+
+  void run(int64_t n, int64_t grain,
+           const std::function<void(int64_t, int64_t, int)>& fn) {
+    const int64_t chunks = (n + grain - 1) / grain;
+    if (nthreads_ == 1 || chunks <= 1) {
+      t_in_region = true;
+      try { fn(0, n, 0); } catch (...) { t_in_region = false; throw; }
+      t_in_region = false;
+      return;
+    }
+    std::unique_lock<std::mutex> run_lock(run_mu_);  // one region at a time
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      fn_ = &fn;
+      n_ = n;
+      grain_ = grain;
+      next_.store(0);
+      error_ = nullptr;
+      active_ = nthreads_ - 1;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work(0);
+    std::unique_lock<std::mutex> g(mu_);
+    done_cv_.wait(g, [this] { return active_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void work(int tid) {
+    t_in_region = true;
+    for (;;) {
+      const int64_t c = next_.fetch_add(1);
+      const int64_t b = c * grain_;
+      if (b >= n_) break;
+      try {
+        (*fn_)(b, std::min(n_, b + grain_), tid);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!error_) error_ = std::current_exception();
+        next_.store(n_);  // stop handing out chunks
+      }
+    }
+    t_in_region = false;
+  }
+
+  void loop(int tid) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> g(mu_);
+        cv_.wait(g, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+      }
+      work(tid);
+      std::lock_guard<std::mutex> g(mu_);
+      if (--active_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  int nthreads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_, done_cv_;
+  bool quit_ = false;
+  uint64_t generation_ = 0;
+  int active_ = 0;
+  const std::function<void(int64_t, int64_t, int)>* fn_ = nullptr;
+  int64_t n_ = 0, grain_ = 1;
+  std::atomic<int64_t> next_{0};
+  std::exception_ptr error_;
+};
+
+int default_threads() {
+  if (const char* e = std::getenv("STRATA_NUM_THREADS")) {
+    char* end = nullptr;
+    long v = std::strtol(e, &end, 10);
+    if (end != e && *end == '\0' && v >= 1) return int(v);
+    throw_arg("strata", "STRATA_NUM_THREADS", "an integer >= 1", e);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::mutex g_pool_mu;
+Pool& pool() {
+  static Pool p(default_threads());
+  return p;
+}
+
+}  // namespace
+
+int get_num_threads() { return pool().size(); }
+
+void set_num_threads(int n) {
+  STRATA_CHECK_ARG(n >= 1, "set_num_threads", "n", "an integer >= 1", n);
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  if (pool().size() != n) pool().resize(n);
+}
+
+void parallel_for(int64_t n, int64_t grain,
+                  const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  if (t_in_region) {  // nested: run inline on this thread
+    fn(0, n, 0);  // a kernel's scratch is per call, so thread slot 0 is safe here
+    return;
+  }
+  pool().run(n, grain, fn);
+}
+
+}  // namespace strata

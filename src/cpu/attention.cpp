@@ -1,0 +1,265 @@
+// src/cpu/attention.cpp: the public dense-attention entry points: argument checks (every error
+// names the argument), TensorView -> DenseAttnParams, ISA dispatch, and the paper's GSWA
+// composition. Semantics: include/strata/attention.h.
+#include "strata/attention.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/attention_params.h"
+#include "strata/cpu.h"
+#include "strata/threading.h"
+
+namespace strata {
+namespace {
+
+using cpu::DenseAttnParams;
+using cpu::Strided4;
+
+// Logical dims (batch, seq, head, dim) of a 4-D view in the given layout.
+struct Dims4 {
+  int64_t b, s, h, d;
+};
+constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
+
+Dims4 dims(const TensorView& t, Layout l) {
+  return {t.shape[0], t.shape[kSeqDim[int(l)]], t.shape[kHeadDim[int(l)]], t.shape[3]};
+}
+Strided4 strided(const TensorView& t, Layout l) {
+  return {t.data, t.stride[0], t.stride[kSeqDim[int(l)]], t.stride[kHeadDim[int(l)]], t.stride[3]};
+}
+std::string dims_str(const Dims4& d) {
+  return detail::cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
+}
+const char* layout_str(Layout l) { return l == Layout::BSHD ? "BSHD" : "BHSD"; }
+
+void check_4d(const char* where, const char* arg, const TensorView& t, DType dtype, Layout l) {
+  STRATA_CHECK_ARG(t.ndim == 4, where, arg,
+                   detail::cat("a 4-D tensor in layout ", layout_str(l)), detail::cat(t.ndim, "-D ", t.shape_str()));
+  STRATA_CHECK_ARG(t.dtype == dtype, where, arg, detail::cat("dtype ", dtype_name(dtype), " (same as q)"),
+                   dtype_name(t.dtype));
+  STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
+}
+
+void check_shape(const char* where, const char* arg, const Dims4& got, const Dims4& want,
+                 const char* why) {
+  const bool ok = got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d;
+  STRATA_CHECK_ARG(ok, where, arg, detail::cat(dims_str(want), " ", why), dims_str(got));
+}
+
+// Validates every forward argument and fills the kernel params (o/lse included).
+DenseAttnParams make_params(const char* where, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const TensorView& o, const TensorView& lse,
+                            const AttentionOptions& opt) {
+  STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
+  STRATA_CHECK_ARG(q.dtype == DType::f32 || q.dtype == DType::bf16, where, "q",
+                   "dtype float32 or bfloat16", dtype_name(q.dtype));
+  const Layout L = opt.layout;
+  check_4d(where, "q", q, q.dtype, L);
+  check_4d(where, "k", k, q.dtype, L);
+  check_4d(where, "v", v, q.dtype, L);
+  check_4d(where, "o", o, q.dtype, L);
+  const Dims4 dq = dims(q, L), dk = dims(k, L), dv = dims(v, L);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  check_shape(where, "k", dk, {dq.b, dk.s, dk.h, dq.d}, "(batch and head_dim of q)");
+  check_shape(where, "v", dv, {dq.b, dk.s, dk.h, dv.d}, "(batch of q, seq and heads of k)");
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  check_shape(where, "o", dims(o, L), {dq.b, dq.s, dq.h, dv.d}, "(q's batch, seq, heads; v's head_dim)");
+  STRATA_CHECK_ARG(lse.ndim == 3 && lse.shape[0] == dq.b && lse.shape[1] == dq.h && lse.shape[2] == dq.s,
+                   where, "lse", detail::cat("shape [", dq.b, ", ", dq.h, ", ", dq.s, "] (batch, heads_q, seq_q)"),
+                   lse.shape_str());
+  STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
+  STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
+  STRATA_CHECK_ARG(std::isnan(opt.scale) || std::isfinite(opt.scale), where, "scale",
+                   "a finite number (or NaN for 1/sqrt(head_dim))", opt.scale);
+  STRATA_CHECK_ARG(opt.window_left >= -1, where, "window_left", ">= 0, or -1 for unbounded", opt.window_left);
+  STRATA_CHECK_ARG(opt.window_right >= -1, where, "window_right", ">= 0, or -1 for unbounded", opt.window_right);
+  STRATA_CHECK_ARG(opt.num_global >= 0, where, "num_global", ">= 0", opt.num_global);
+
+  DenseAttnParams p;
+  p.dtype = q.dtype;
+  p.batch = dq.b;
+  p.seqlen_q = dq.s;
+  p.seqlen_k = dk.s;
+  p.heads_q = dq.h;
+  p.heads_kv = dk.h;
+  p.head_dim = dq.d;
+  p.head_dim_v = dv.d;
+  p.q = strided(q, L);
+  p.k = strided(k, L);
+  p.v = strided(v, L);
+  p.o = strided(o, L);
+  p.lse = static_cast<float*>(lse.data);
+  p.lse_sb = lse.stride[0];
+  p.lse_sh = lse.stride[1];
+  p.lse_ss = lse.stride[2];
+  p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(dq.d))) : opt.scale;
+  p.causal = opt.causal;
+  p.window_left = opt.window_left;
+  p.window_right = opt.window_right;
+  p.num_global = opt.num_global;
+
+  const TensorView& m = opt.key_padding_mask;
+  if (m.data != nullptr || m.ndim != 0) {
+    STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dk.s, where, "key_padding_mask",
+                     detail::cat("shape [", dq.b, ", ", dk.s, "] (batch, seq_k)"), m.shape_str());
+    STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
+    STRATA_CHECK_ARG(m.data != nullptr || m.numel() == 0, where, "key_padding_mask", "a non-null data pointer", "null");
+    p.key_padding_mask = static_cast<const uint8_t*>(m.data);
+    p.kpm_sb = m.stride[0];
+    p.kpm_ss = m.stride[1];
+  }
+  const TensorView& bias = opt.bias;
+  if (bias.data != nullptr || bias.ndim != 0) {
+    const int64_t want[4] = {dq.b, dq.h, dq.s, dk.s};
+    bool ok = bias.ndim == 4;
+    for (int i = 0; ok && i < 4; ++i) ok = bias.shape[i] == want[i] || bias.shape[i] == 1;
+    STRATA_CHECK_ARG(ok, where, "bias",
+                     detail::cat("4-D, broadcastable to [", want[0], ", ", want[1], ", ", want[2], ", ", want[3],
+                                 "] (batch, heads_q, seq_q, seq_k)"),
+                     bias.shape_str());
+    STRATA_CHECK_ARG(bias.dtype == DType::f32 || bias.dtype == q.dtype, where, "bias",
+                     detail::cat("dtype float32 or ", dtype_name(q.dtype)), dtype_name(bias.dtype));
+    STRATA_CHECK_ARG(bias.data != nullptr || bias.numel() == 0, where, "bias", "a non-null data pointer", "null");
+    p.bias = bias.data;
+    p.bias_dtype = bias.dtype;
+    int64_t* s[4] = {&p.bias_sb, &p.bias_sh, &p.bias_sq, &p.bias_sk};
+    for (int i = 0; i < 4; ++i) *s[i] = bias.shape[i] == 1 ? 0 : bias.stride[i];
+  }
+  return p;
+}
+
+void run_forward(const DenseAttnParams& p) {
+  switch (active_isa()) {
+    case Isa::avx512: cpu::avx512::dense_forward(p); break;
+    case Isa::avx2: cpu::avx2::dense_forward(p); break;
+    default: cpu::scalar::dense_forward(p); break;
+  }
+}
+void run_backward(const DenseAttnParams& p) {
+  switch (active_isa()) {
+    case Isa::avx512: cpu::avx512::dense_backward(p); break;
+    case Isa::avx2: cpu::avx2::dense_backward(p); break;
+    default: cpu::scalar::dense_backward(p); break;
+  }
+}
+
+}  // namespace
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& o, const TensorView& lse, const AttentionOptions& opt) {
+  run_forward(make_params("attention_forward", q, k, v, o, lse, opt));
+}
+
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, const TensorView& lse, const TensorView& dout,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const AttentionOptions& opt) {
+  const char* where = "attention_backward";
+  DenseAttnParams p = make_params(where, q, k, v, o, lse, opt);
+  const Layout L = opt.layout;
+  check_4d(where, "dout", dout, q.dtype, L);
+  check_4d(where, "dq", dq, q.dtype, L);
+  check_4d(where, "dk", dk, q.dtype, L);
+  check_4d(where, "dv", dv, q.dtype, L);
+  check_shape(where, "dout", dims(dout, L), dims(o, L), "(same as o)");
+  check_shape(where, "dq", dims(dq, L), dims(q, L), "(same as q)");
+  check_shape(where, "dk", dims(dk, L), dims(k, L), "(same as k)");
+  check_shape(where, "dv", dims(dv, L), dims(v, L), "(same as v)");
+  p.dout = strided(dout, L);
+  p.dq = strided(dq, L);
+  p.dk = strided(dk, L);
+  p.dv = strided(dv, L);
+  run_backward(p);
+}
+
+// ---- The paper's GSWA composition ----------------------------------------------------------
+namespace {
+
+// The head-dim slice [d0, d0 + n) of a 4-D view (no copy).
+TensorView dim_slice(const TensorView& t, int64_t d0, int64_t n) {
+  TensorView s = t;
+  s.data = static_cast<char*>(t.data) + d0 * t.stride[3] * dtype_size(t.dtype);
+  s.shape[3] = n;
+  return s;
+}
+
+// dst = a + b elementwise over 4-D views of one dtype (f32 or bf16); fp32 arithmetic.
+void add_4d(const TensorView& dst, const TensorView& a, const TensorView& b) {
+  const int64_t n0 = dst.shape[0], n1 = dst.shape[1], n2 = dst.shape[2], n3 = dst.shape[3];
+  parallel_for(n0 * n1, 1, [&](int64_t begin, int64_t end, int) {
+    int64_t idx[4];
+    for (int64_t r = begin; r < end; ++r) {
+      idx[0] = r / n1;
+      idx[1] = r % n1;
+      for (idx[2] = 0; idx[2] < n2; ++idx[2])
+        for (idx[3] = 0; idx[3] < n3; ++idx[3]) dst.set(idx, float(a.get(idx)) + float(b.get(idx)));
+    }
+  });
+}
+
+struct GswaBranches {
+  AttentionOptions a, b;
+  int64_t D;
+};
+
+GswaBranches gswa_branches(const char* where, const TensorView& q, const PaperGswaOptions& opt) {
+  STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
+  const int64_t D = q.shape[3];
+  STRATA_CHECK_ARG(opt.split_a >= 1 && opt.split_a < D, where, "split_a",
+                   detail::cat("1..", D - 1, " (head dims of the global branch; head_dim is ", D, ")"), opt.split_a);
+  STRATA_CHECK_ARG(opt.window >= 0, where, "window", ">= 0", opt.window);
+  GswaBranches g;
+  g.D = D;
+  g.a.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(D))) : opt.scale;
+  g.a.causal = true;
+  g.a.layout = opt.layout;
+  g.b = g.a;
+  g.b.window_left = opt.window;
+  g.b.window_right = 0;
+  return g;
+}
+
+std::vector<uint8_t> scratch_like(const TensorView& t, TensorView* view) {
+  std::vector<uint8_t> buf(size_t(t.numel() * dtype_size(t.dtype)));
+  *view = TensorView(buf.data(), t.dtype, {t.shape[0], t.shape[1], t.shape[2], t.shape[3]});
+  return buf;
+}
+
+}  // namespace
+
+void paper_gswa_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, const TensorView& o_a, const TensorView& o_b,
+                        const TensorView& lse_a, const TensorView& lse_b,
+                        const PaperGswaOptions& opt) {
+  const GswaBranches g = gswa_branches("paper_gswa_forward", q, opt);
+  const int64_t a = opt.split_a, rest = g.D - a;
+  attention_forward(dim_slice(q, 0, a), dim_slice(k, 0, a), v, o_a, lse_a, g.a);
+  attention_forward(dim_slice(q, a, rest), dim_slice(k, a, rest), v, o_b, lse_b, g.b);
+  check_4d("paper_gswa_forward", "o", o, q.dtype, opt.layout);
+  STRATA_CHECK_ARG(o.shape[1] == o_a.shape[1] && o.shape[2] == o_a.shape[2] && o.shape[3] == o_a.shape[3] &&
+                       o.shape[0] == o_a.shape[0],
+                   "paper_gswa_forward", "o", detail::cat("shape ", o_a.shape_str(), " (same as o_a)"), o.shape_str());
+  add_4d(o, o_a, o_b);
+}
+
+void paper_gswa_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& o_a, const TensorView& o_b, const TensorView& lse_a,
+                         const TensorView& lse_b, const TensorView& dout, const TensorView& dq,
+                         const TensorView& dk, const TensorView& dv, const PaperGswaOptions& opt) {
+  const GswaBranches g = gswa_branches("paper_gswa_backward", q, opt);
+  const int64_t a = opt.split_a, rest = g.D - a;
+  TensorView dv_b;
+  std::vector<uint8_t> buf = scratch_like(v, &dv_b);
+  attention_backward(dim_slice(q, 0, a), dim_slice(k, 0, a), v, o_a, lse_a, dout, dim_slice(dq, 0, a),
+                     dim_slice(dk, 0, a), dv, g.a);
+  attention_backward(dim_slice(q, a, rest), dim_slice(k, a, rest), v, o_b, lse_b, dout,
+                     dim_slice(dq, a, rest), dim_slice(dk, a, rest), dv_b, g.b);
+  add_4d(dv, dv, dv_b);
+}
+
+}  // namespace strata

@@ -1,0 +1,19 @@
+// src/cpu/attention_avx2.cpp: the dense attention kernel compiled for ISA level 1 (avx2).
+// Compiled with this ISA's -m flags (CMakeLists.txt); called only after run-time dispatch.
+#define STRATA_ISA_LEVEL 1
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <immintrin.h>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cpu/attention_params.h"
+#include "strata/threading.h"
+
+namespace strata::cpu::avx2 {
+#include "core/simd.h"
+#include "cpu/attention_kernel.inc"
+}  // namespace strata::cpu::avx2

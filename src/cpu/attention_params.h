@@ -1,0 +1,47 @@
+// src/cpu/attention_params.h: the POD parameter struct of the dense attention kernels.
+// Filled by src/cpu/attention.cpp after validation; read by every ISA variant of the kernel.
+// All strides are in elements, in the logical order (batch, seq, head, dim).
+#pragma once
+#include <cstdint>
+
+#include "strata/tensor.h"
+
+namespace strata::cpu {
+
+struct Strided4 {
+  void* data = nullptr;
+  int64_t sb = 0, ss = 0, sh = 0, sd = 0;  // batch, seq, head, dim strides
+};
+
+struct DenseAttnParams {
+  DType dtype = DType::f32;  // of q, k, v, o, dout, dq, dk, dv
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
+  int64_t head_dim = 0, head_dim_v = 0;
+  Strided4 q, k, v, o;                   // q: B x Nq x Hq x D, k: B x Nk x Hkv x D, v/o: .. x Dv
+  float* lse = nullptr;                  // B x Hq x Nq (natural log)
+  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  float scale = 1.f;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // -1 = unbounded
+  int64_t num_global = 0;
+  const uint8_t* key_padding_mask = nullptr;   // B x Nk, nonzero = keep
+  int64_t kpm_sb = 0, kpm_ss = 0;
+  const void* bias = nullptr;                   // broadcast B x Hq x Nq x Nk
+  DType bias_dtype = DType::f32;
+  int64_t bias_sb = 0, bias_sh = 0, bias_sq = 0, bias_sk = 0;
+  // backward only
+  Strided4 dout, dq, dk, dv;
+};
+
+// Per-ISA entry points (src/cpu/attention_{avx512,avx2,scalar}.cpp).
+#define STRATA_DECLARE_DENSE(ns)                            \
+  namespace ns {                                            \
+  void dense_forward(const DenseAttnParams& p);             \
+  void dense_backward(const DenseAttnParams& p);            \
+  }
+STRATA_DECLARE_DENSE(avx512)
+STRATA_DECLARE_DENSE(avx2)
+STRATA_DECLARE_DENSE(scalar)
+#undef STRATA_DECLARE_DENSE
+
+}  // namespace strata::cpu

@@ -1,0 +1,18 @@
+// src/cpu/attention_scalar.cpp: the dense attention kernel compiled for ISA level 0 (scalar).
+// Compiled with this ISA's -m flags (CMakeLists.txt); called only after run-time dispatch.
+#define STRATA_ISA_LEVEL 0
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cpu/attention_params.h"
+#include "strata/threading.h"
+
+namespace strata::cpu::scalar {
+#include "core/simd.h"
+#include "cpu/attention_kernel.inc"
+}  // namespace strata::cpu::scalar

@@ -1,0 +1,535 @@
+// tests/cpp/core_attention_test.cpp: the dense CPU kernel (every ISA this CPU has) against the
+// double-precision reference, over awkward sizes, layouts, strides, masks, GQA, dtypes; forward
+// output, lse and all three gradients; and bad input.
+//
+// Tolerances (normwise: max abs error / max abs reference value):
+//   fp32: 2e-5 forward, 1e-4 gradients. fp32 round-off in dot products of length D and sums of
+//   up to Nk terms grows like eps * sqrt(n) ~ 1e-6 for n ~ 1e3 here; exp2's polynomial adds
+//   < 2e-8. Gradients subtract D_i = rowsum(dO*O) from dP (cancellation), so allow 5x more.
+//   bf16: inputs are exactly representable for both sides (the reference reads the same bf16
+//   values); the kernel rounds its OUTPUT to bf16 (relative 2^-9 = 2e-3), P and the
+//   accumulators stay fp32. 1e-2 leaves 5x margin; gradients 2e-2 (rounded dO, O feed D_i).
+//   Gradient errors are divided by max(max |ref|, 1e-2): with U(-1, 1) inputs every gradient
+//   that is not identically zero has entries above 1e-2, while rows with a single allowed key
+//   have an exactly-zero dq/dk whose fp32 round-off (~1e-7) must not be divided by ~0.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/attention.h"
+#include "strata/cpu.h"
+#include "strata/threading.h"
+#include "test_util.h"
+
+namespace strata {
+namespace {
+
+using test::Owned4;
+
+struct Case {
+  int64_t B = 1, Nq = 7, Nk = 7, Hq = 2, Hkv = 1, D = 16, Dv = 16;
+  DType dtype = DType::f32;
+  Layout layout = Layout::BSHD;
+  bool causal = false;
+  int64_t wl = -1, wr = -1, G = 0;
+  bool kpm = false, bias = false;
+  int64_t gap = 0, dim_stride = 1;
+  bool grads = true;
+  std::string name() const {
+    return detail::cat("B", B, "_Nq", Nq, "_Nk", Nk, "_Hq", Hq, "_Hkv", Hkv, "_D", D, "_Dv", Dv, "_",
+                       dtype_name(dtype), layout == Layout::BSHD ? "_bshd" : "_bhsd", causal ? "_causal" : "",
+                       wl >= 0 || wr >= 0 ? detail::cat("_win", wl < 0 ? std::string("inf") : std::to_string(wl), "_", wr < 0 ? std::string("inf") : std::to_string(wr)) : std::string(),
+                       G ? detail::cat("_glob", G) : std::string(), kpm ? "_kpm" : "", bias ? "_bias" : "",
+                       gap ? "_gap" : "", dim_stride > 1 ? "_dstride" : "");
+  }
+};
+
+std::vector<Isa> isas_to_test(const Case& c) {
+  std::vector<Isa> out;
+  const double work = double(c.Nq) * c.Nk * (c.D + c.Dv) * c.Hq * c.B;
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
+    try {
+      set_isa(isa);
+    } catch (const Error&) {
+      continue;
+    }
+    if (isa == Isa::scalar && work > 2e7 && !out.empty()) continue;  // scalar is slow: small cases
+    out.push_back(isa);
+  }
+  return out;
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.name());
+  std::mt19937 rng(1234 + unsigned(c.Nq * 31 + c.Nk * 7 + c.D));
+  const Layout L = c.layout;
+  Owned4 q(c.B, c.Nq, c.Hq, c.D, c.dtype, L, c.gap, c.dim_stride);
+  Owned4 k(c.B, c.Nk, c.Hkv, c.D, c.dtype, L, c.gap, c.dim_stride);
+  Owned4 v(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap, c.dim_stride);
+  Owned4 g(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L);
+  q.fill_random(rng);
+  k.fill_random(rng);
+  v.fill_random(rng);
+  g.fill_random(rng);
+  AttentionOptions opt;
+  opt.causal = c.causal;
+  opt.window_left = c.wl;
+  opt.window_right = c.wr;
+  opt.num_global = c.G;
+  opt.layout = L;
+  std::vector<uint8_t> kpm;
+  std::vector<float> bias;
+  if (c.kpm) {  // mask roughly a third of the keys, and in batch 0 the first key
+    kpm.resize(size_t(c.B * c.Nk));
+    for (size_t i = 0; i < kpm.size(); ++i) kpm[i] = (rng() % 3) != 0;
+    kpm[0] = 0;
+    opt.key_padding_mask = TensorView(kpm.data(), DType::u8, {c.B, c.Nk});
+  }
+  if (c.bias) {  // broadcast over batch: shape [1, Hq, Nq, Nk]
+    bias.resize(size_t(c.Hq * c.Nq * c.Nk));
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (float& x : bias) x = u(rng);
+    opt.bias = TensorView(bias.data(), DType::f32, {1, c.Hq, c.Nq, c.Nk});
+  }
+
+  std::vector<double> ro(size_t(c.B * c.Nq * c.Hq * c.Dv)), rl(size_t(c.B * c.Hq * c.Nq));
+  reference::attention_forward(q.view, k.view, v.view, opt, ro.data(), rl.data());
+  std::vector<double> rdq, rdk, rdv;
+  if (c.grads) {
+    rdq.resize(size_t(c.B * c.Nq * c.Hq * c.D));
+    rdk.resize(size_t(c.B * c.Nk * c.Hkv * c.D));
+    rdv.resize(size_t(c.B * c.Nk * c.Hkv * c.Dv));
+    reference::attention_backward(q.view, k.view, v.view, g.view, opt, rdq.data(), rdk.data(), rdv.data());
+  }
+  const bool bf = c.dtype == DType::bf16;
+  const double tol_f = bf ? 1e-2 : 2e-5, tol_b = bf ? 2e-2 : 1e-4;
+
+  for (Isa isa : isas_to_test(c)) {
+    SCOPED_TRACE(isa_name(isa));
+    set_isa(isa);
+    Owned4 o(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L, c.gap);
+    std::vector<float> lse(size_t(c.B * c.Hq * c.Nq), 123.f);
+    TensorView lv(lse.data(), DType::f32, {c.B, c.Hq, c.Nq});
+    attention_forward(q.view, k.view, v.view, o.view, lv, opt);
+    EXPECT_LE(test::rel_err(o, L, ro, c.B, c.Nq, c.Hq, c.Dv), tol_f);
+    double lerr = 0;
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(rl[i])) {
+        EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i << " should be empty (lse -inf)";
+      } else {
+        lerr = std::max(lerr, std::fabs(lse[i] - rl[i]) / std::max(1.0, std::fabs(rl[i])));
+      }
+    }
+    EXPECT_LE(lerr, 1e-5) << "lse";  // lse is fp32 in both dtypes
+    if (!c.grads) continue;
+    Owned4 dq(c.B, c.Nq, c.Hq, c.D, c.dtype, L, c.gap), dk(c.B, c.Nk, c.Hkv, c.D, c.dtype, L, c.gap);
+    Owned4 dv(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap);
+    attention_backward(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
+    EXPECT_LE(test::rel_err(dq, L, rdq, c.B, c.Nq, c.Hq, c.D, 1e-2), tol_b) << "dq";
+    EXPECT_LE(test::rel_err(dk, L, rdk, c.B, c.Nk, c.Hkv, c.D, 1e-2), tol_b) << "dk";
+    EXPECT_LE(test::rel_err(dv, L, rdv, c.B, c.Nk, c.Hkv, c.Dv, 1e-2), tol_b) << "dv";
+  }
+}
+
+class AttentionSweep : public ::testing::TestWithParam<Case> {
+ protected:
+  void TearDown() override {
+    for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
+      try {
+        set_isa(isa);
+        return;
+      } catch (const Error&) {
+      }
+    }
+  }
+};
+TEST_P(AttentionSweep, MatchesReference) { run_case(GetParam()); }
+
+std::vector<Case> length_cases() {
+  std::vector<Case> v;
+  for (int64_t n : {1, 7, 97, 256, 1025})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.Nq = c.Nk = n;
+      c.D = c.Dv = 64;
+      c.causal = causal;
+      v.push_back(c);
+    }
+  Case c;  // Nq != Nk, bottom-right aligned causal
+  c.Nq = 97;
+  c.Nk = 256;
+  c.D = c.Dv = 64;
+  c.causal = true;
+  v.push_back(c);
+  c.Nq = 256;
+  c.Nk = 97;  // more queries than keys: the first rows see no key at all
+  v.push_back(c);
+  return v;
+}
+
+std::vector<Case> head_dim_cases() {
+  std::vector<Case> v;
+  for (int64_t d : {16, 59, 64, 128, 256, 1024}) {
+    for (int64_t n : {7, 97}) {
+      if (d == 1024 && n == 97) continue;
+      Case c;
+      c.Nq = c.Nk = n;
+      c.D = c.Dv = d;
+      c.causal = n == 97;
+      v.push_back(c);
+    }
+  }
+  Case c;
+  c.Nq = c.Nk = 33;
+  c.D = 1;
+  c.Dv = 3;  // tiny and unequal
+  v.push_back(c);
+  c.D = 40;
+  c.Dv = 72;
+  v.push_back(c);
+  return v;
+}
+
+std::vector<Case> mask_cases() {
+  std::vector<Case> v;
+  const std::pair<int64_t, int64_t> windows[] = {{-1, -1}, {8, 0}, {5, 3}, {0, 0}, {-1, 4}};
+  for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {37, 97}, {97, 37}})
+    for (bool causal : {false, true})
+      for (auto [wl, wr] : windows)
+        for (int64_t G : {0, 3})
+          for (bool kpm : {false, true})
+            for (bool bias : {false, true}) {
+              if (nq != nk && (kpm != bias)) continue;  // keep the sweep small off the diagonal
+              Case c;
+              c.B = 2;
+              c.Nq = nq;
+              c.Nk = nk;
+              c.D = c.Dv = 32;
+              c.causal = causal;
+              c.wl = wl;
+              c.wr = wr;
+              c.G = G;
+              c.kpm = kpm;
+              c.bias = bias;
+              v.push_back(c);
+            }
+  return v;
+}
+
+std::vector<Case> layout_gqa_dtype_cases() {
+  std::vector<Case> v;
+  for (int64_t ratio : {1, 2, 8}) {
+    Case c;
+    c.Hq = 8;
+    c.Hkv = 8 / ratio;
+    c.Nq = c.Nk = 97;
+    c.D = c.Dv = 64;
+    c.causal = true;
+    v.push_back(c);
+    c.dtype = DType::bf16;
+    v.push_back(c);
+  }
+  for (Layout l : {Layout::BSHD, Layout::BHSD})
+    for (int64_t gap : {0, 5})
+      for (int64_t ds : {1, 2})
+        for (DType t : {DType::f32, DType::bf16}) {
+          Case c;
+          c.B = 2;
+          c.layout = l;
+          c.gap = gap;
+          c.dim_stride = ds;
+          c.dtype = t;
+          c.Nq = 97;
+          c.Nk = 131;
+          c.Hq = 4;
+          c.Hkv = 2;
+          c.D = 59;
+          c.Dv = 48;
+          c.causal = gap > 0;
+          c.kpm = ds > 1;
+          c.wl = l == Layout::BHSD ? 16 : -1;
+          v.push_back(c);
+        }
+  {
+    Case c;  // bf16 at a long length with every mask on
+    c.dtype = DType::bf16;
+    c.Nq = c.Nk = 1025;
+    c.D = c.Dv = 128;
+    c.causal = true;
+    c.wl = 300;
+    c.G = 2;
+    c.kpm = true;
+    c.bias = true;
+    v.push_back(c);
+  }
+  return v;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) { return i.param.name(); }
+
+INSTANTIATE_TEST_SUITE_P(Lengths, AttentionSweep, ::testing::ValuesIn(length_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(HeadDims, AttentionSweep, ::testing::ValuesIn(head_dim_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Masks, AttentionSweep, ::testing::ValuesIn(mask_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(LayoutGqaDtype, AttentionSweep, ::testing::ValuesIn(layout_gqa_dtype_cases()),
+                         case_name);
+
+// ---- special rows, threads, composition --------------------------------------------------------
+
+TEST(Attention, FullyMaskedRowsGiveZerosAndNegInfLse) {
+  const int64_t B = 2, N = 20, H = 1, D = 8;
+  std::mt19937 rng(7);
+  Owned4 q(B, N, H, D, DType::f32, Layout::BSHD), k(B, N, H, D, DType::f32, Layout::BSHD);
+  Owned4 v(B, N, H, D, DType::f32, Layout::BSHD), o(B, N, H, D, DType::f32, Layout::BSHD);
+  Owned4 g(B, N, H, D, DType::f32, Layout::BSHD), dq(B, N, H, D, DType::f32, Layout::BSHD);
+  Owned4 dk(B, N, H, D, DType::f32, Layout::BSHD), dv(B, N, H, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v, &g}) t->fill_random(rng);
+  std::vector<uint8_t> kpm(size_t(B * N), 1);
+  for (int64_t j = 0; j < N; ++j) kpm[size_t(N + j)] = 0;  // batch 1: every key masked
+  AttentionOptions opt;
+  opt.key_padding_mask = TensorView(kpm.data(), DType::u8, {B, N});
+  std::vector<float> lse(size_t(B * H * N));
+  TensorView lv(lse.data(), DType::f32, {B, H, N});
+  attention_forward(q.view, k.view, v.view, o.view, lv, opt);
+  attention_backward(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
+  for (int64_t i = 0; i < N; ++i) {
+    EXPECT_TRUE(std::isinf(lse[size_t(N + i)]) && lse[size_t(N + i)] < 0);
+    EXPECT_TRUE(std::isfinite(lse[size_t(i)]));
+    for (int64_t d = 0; d < D; ++d) {
+      EXPECT_EQ(o.at(1, i, 0, d, Layout::BSHD), 0.0);
+      EXPECT_EQ(dq.at(1, i, 0, d, Layout::BSHD), 0.0);
+      EXPECT_EQ(dk.at(1, i, 0, d, Layout::BSHD), 0.0);
+      EXPECT_EQ(dv.at(1, i, 0, d, Layout::BSHD), 0.0);
+    }
+  }
+}
+
+TEST(Attention, NonFiniteInputPropagatesToItsRowsOnly) {
+  const int64_t N = 40, D = 16;
+  std::mt19937 rng(3);
+  Owned4 q(1, N, 1, D, DType::f32, Layout::BSHD), k(1, N, 1, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, N, 1, D, DType::f32, Layout::BSHD), o(1, N, 1, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  int64_t idx[4] = {0, 5, 0, 3};
+  q.view.set(idx, std::numeric_limits<double>::quiet_NaN());  // query row 5 only
+  std::vector<float> lse(static_cast<size_t>(N));
+  AttentionOptions opt;
+  attention_forward(q.view, k.view, v.view, o.view, TensorView(lse.data(), DType::f32, {1, 1, N}), opt);
+  for (int64_t i = 0; i < N; ++i) {
+    const double x = o.at(0, i, 0, 0, Layout::BSHD);
+    if (i == 5) {
+      EXPECT_TRUE(std::isnan(x));
+    } else {
+      EXPECT_TRUE(std::isfinite(x)) << i;
+    }
+  }
+}
+
+TEST(Attention, ThreadCountDoesNotChangeResults) {
+  const int64_t N = 300, D = 64;
+  std::mt19937 rng(5);
+  Owned4 q(1, N, 2, D, DType::f32, Layout::BSHD), k(1, N, 2, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, N, 2, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  AttentionOptions opt;
+  opt.causal = true;
+  std::vector<double> out[2];
+  const int saved = get_num_threads();
+  for (int t : {1, 3}) {
+    set_num_threads(t);
+    Owned4 o(1, N, 2, D, DType::f32, Layout::BSHD);
+    std::vector<float> lse(size_t(2 * N));
+    attention_forward(q.view, k.view, v.view, o.view, TensorView(lse.data(), DType::f32, {1, 2, N}), opt);
+    for (int64_t i = 0; i < N; ++i) out[t == 3].push_back(o.at(0, i, 1, 7, Layout::BSHD));
+  }
+  set_num_threads(saved);
+  EXPECT_EQ(out[0], out[1]);  // forward is deterministic: each query tile is one unit of work
+}
+
+TEST(Attention, EmptySizesAreNoOps) {
+  std::vector<float> buf(64, 1.f), lse(8, 5.f);
+  AttentionOptions opt;
+  // Nk = 0: every row has no key -> zeros and lse = -inf.
+  TensorView q(buf.data(), DType::f32, {1, 2, 1, 4}), k(buf.data(), DType::f32, {1, 0, 1, 4});
+  TensorView v(buf.data(), DType::f32, {1, 0, 1, 4}), o(buf.data() + 32, DType::f32, {1, 2, 1, 4});
+  attention_forward(q, k, v, o, TensorView(lse.data(), DType::f32, {1, 1, 2}), opt);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(buf[size_t(32 + i)], 0.f);
+  EXPECT_TRUE(std::isinf(lse[0]) && lse[0] < 0);
+  // batch = 0: nothing to do, no error.
+  TensorView q0(buf.data(), DType::f32, {0, 2, 1, 4}), o0(buf.data(), DType::f32, {0, 2, 1, 4});
+  TensorView k0(buf.data(), DType::f32, {0, 3, 1, 4});
+  EXPECT_NO_THROW(attention_forward(q0, k0, k0, o0, TensorView(lse.data(), DType::f32, {0, 1, 2}), opt));
+}
+
+TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
+  const int64_t B = 1, N = 50, H = 2, D = 24, a = 8, w = 6;
+  std::mt19937 rng(11);
+  auto mk = [&](int64_t n, int64_t d) { Owned4 t(B, n, H, d, DType::f32, Layout::BSHD); t.fill_random(rng); return t; };
+  Owned4 q = mk(N, D), k = mk(N, D), v = mk(N, D), g = mk(N, D);
+  Owned4 o(B, N, H, D, DType::f32, Layout::BSHD), oa = o, ob = o;
+  oa.view.data = oa.buf.data();
+  ob.view.data = ob.buf.data();
+  std::vector<float> la(size_t(B * H * N)), lb(la.size());
+  PaperGswaOptions opt;
+  opt.split_a = a;
+  opt.window = w;
+  TensorView lav(la.data(), DType::f32, {B, H, N}), lbv(lb.data(), DType::f32, {B, H, N});
+  paper_gswa_forward(q.view, k.view, v.view, o.view, oa.view, ob.view, lav, lbv, opt);
+  Owned4 dq(B, N, H, D, DType::f32, Layout::BSHD), dk = dq, dv = dq;
+  dq.view.data = dq.buf.data();
+  dk.view.data = dk.buf.data();
+  dv.view.data = dv.buf.data();
+  paper_gswa_backward(q.view, k.view, v.view, oa.view, ob.view, lav, lbv, g.view, dq.view, dk.view, dv.view, opt);
+
+  // Independent check: materialise the two probability matrices in double and add them.
+  const double scale = 1.0 / std::sqrt(double(D));
+  double max_err_o = 0, max_o = 0, max_err_dv = 0, max_dv = 0;
+  std::vector<double> dvref(size_t(N * H * D), 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<double> P(size_t(N * N), 0.0);
+    for (int branch = 0; branch < 2; ++branch) {
+      const int64_t d0 = branch ? a : 0, d1 = branch ? D : a;
+      for (int64_t i = 0; i < N; ++i) {
+        std::vector<double> s(size_t(N), -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (branch == 1 && j < i - w) continue;
+          double acc = 0;
+          for (int64_t d = d0; d < d1; ++d) acc += q.at(0, i, h, d, Layout::BSHD) * k.at(0, j, h, d, Layout::BSHD);
+          s[size_t(j)] = scale * acc;
+          mx = std::max(mx, s[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < N; ++j) sum += std::isinf(s[size_t(j)]) ? 0 : std::exp(s[size_t(j)] - mx);
+        for (int64_t j = 0; j < N; ++j)
+          P[size_t(i * N + j)] += std::isinf(s[size_t(j)]) ? 0 : std::exp(s[size_t(j)] - mx) / sum;
+      }
+    }
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t d = 0; d < D; ++d) {
+        double acc = 0, gacc = 0;
+        for (int64_t j = 0; j < N; ++j) {
+          acc += P[size_t(i * N + j)] * v.at(0, j, h, d, Layout::BSHD);
+          gacc += P[size_t(j * N + i)] * g.at(0, j, h, d, Layout::BSHD);  // dV = P^T dO
+        }
+        max_err_o = std::max(max_err_o, std::fabs(acc - o.at(0, i, h, d, Layout::BSHD)));
+        max_o = std::max(max_o, std::fabs(acc));
+        max_err_dv = std::max(max_err_dv, std::fabs(gacc - dv.at(0, i, h, d, Layout::BSHD)));
+        max_dv = std::max(max_dv, std::fabs(gacc));
+      }
+  }
+  EXPECT_LE(max_err_o / max_o, 2e-5);
+  EXPECT_LE(max_err_dv / max_dv, 1e-4);
+  // row 0 of both branches sees only key 0: P rows sum to 2 there, so o[0] = 2 v[0]
+  EXPECT_NEAR(o.at(0, 0, 0, 0, Layout::BSHD), 2 * v.at(0, 0, 0, 0, Layout::BSHD), 1e-5);
+}
+
+// ---- bad input ------------------------------------------------------------------------------------
+
+struct BadInput : ::testing::Test {
+  std::vector<float> buf = std::vector<float>(4096, 0.5f), lse = std::vector<float>(64);
+  TensorView q{buf.data(), DType::f32, {1, 8, 2, 16}}, k{buf.data(), DType::f32, {1, 8, 2, 16}};
+  TensorView v{buf.data(), DType::f32, {1, 8, 2, 16}}, o{buf.data() + 1024, DType::f32, {1, 8, 2, 16}};
+  TensorView lv{lse.data(), DType::f32, {1, 2, 8}};
+  AttentionOptions opt;
+  // Expects attention_forward to throw strata::Error whose message contains every needle.
+  void expect_error(const std::vector<std::string>& needles) {
+    try {
+      attention_forward(q, k, v, o, lv, opt);
+      ADD_FAILURE() << "no error thrown";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    }
+  }
+};
+
+TEST_F(BadInput, MismatchedHeadDim) {
+  k.shape[3] = 15;
+  expect_error({"'k'", "dim=16", "dim=15"});
+}
+TEST_F(BadInput, MismatchedBatch) {
+  v.shape[0] = 2;
+  expect_error({"'v'", "batch=1", "batch=2"});
+}
+TEST_F(BadInput, MixedDtypes) {
+  k.dtype = DType::bf16;
+  expect_error({"'k'", "float32", "bfloat16"});
+}
+TEST_F(BadInput, UnsupportedDtype) {
+  q.dtype = DType::f64;
+  expect_error({"'q'", "float32 or bfloat16", "float64"});
+}
+TEST_F(BadInput, HeadsNotDivisible) {
+  q.shape[2] = 3;
+  o.shape[2] = 3;
+  lv.shape[1] = 3;
+  expect_error({"'k'", "heads dividing", "got 2"});
+}
+TEST_F(BadInput, NegativeWindow) {
+  opt.window_left = -5;
+  expect_error({"'window_left'", "-5"});
+}
+TEST_F(BadInput, NegativeGlobal) {
+  opt.num_global = -1;
+  expect_error({"'num_global'"});
+}
+TEST_F(BadInput, WrongRank) {
+  q.ndim = 3;
+  expect_error({"'q'", "4-D", "3-D"});
+}
+TEST_F(BadInput, WrongOutputShape) {
+  o.shape[1] = 9;
+  expect_error({"'o'", "seq=8", "seq=9"});
+}
+TEST_F(BadInput, WrongLseShape) {
+  lv.shape[2] = 7;
+  expect_error({"'lse'", "[1, 2, 8]", "[1, 2, 7]"});
+}
+TEST_F(BadInput, NullPointer) {
+  k.data = nullptr;
+  expect_error({"'k'", "non-null"});
+}
+TEST_F(BadInput, ZeroHeadDim) {
+  q.shape[3] = k.shape[3] = 0;
+  expect_error({"'q'", "head_dim >= 1"});
+}
+TEST_F(BadInput, BiasNotBroadcastable) {
+  opt.bias = TensorView(buf.data(), DType::f32, {1, 2, 8, 5});
+  expect_error({"'bias'", "broadcastable", "[1, 2, 8, 5]"});
+}
+TEST_F(BadInput, KeyPaddingMaskWrongDtype) {
+  opt.key_padding_mask = TensorView(buf.data(), DType::f32, {1, 8});
+  expect_error({"'key_padding_mask'", "uint8", "float32"});
+}
+TEST_F(BadInput, NonFiniteScale) {
+  opt.scale = INFINITY;
+  expect_error({"'scale'", "finite"});
+}
+TEST_F(BadInput, BackwardGradShape) {
+  TensorView bad = q;
+  bad.shape[1] = 5;
+  try {
+    attention_backward(q, k, v, o, lv, o, bad, k, v, opt);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'dq'"), std::string::npos) << e.what();
+  }
+}
+TEST_F(BadInput, GswaSplitOutOfRange) {
+  PaperGswaOptions g;
+  g.split_a = 16;
+  g.window = 4;
+  try {
+    paper_gswa_forward(q, k, v, o, o, o, lv, lv, g);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'split_a'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,71 @@
+// tests/cpp/test_util.h: owned random tensors with chosen dtype / layout / strides, and the
+// normwise relative error used by every kernel-vs-reference comparison.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "strata/attention.h"
+
+namespace strata::test {
+
+// A 4-D tensor with logical dims (b, s, h, d) stored in `layout`, optionally strided:
+// gap > 0 pads every row of the last dim (row stride d + gap); dim_stride 2 interleaves.
+struct Owned4 {
+  std::vector<uint8_t> buf;
+  TensorView view;
+  Owned4() = default;
+  Owned4(int64_t b, int64_t s, int64_t h, int64_t d, DType t, Layout l, int64_t gap = 0,
+         int64_t dim_stride = 1) {
+    const int64_t row = d * dim_stride + gap;
+    int64_t n1 = l == Layout::BSHD ? s : h, n2 = l == Layout::BSHD ? h : s;
+    const int64_t total = b * n1 * n2 * row;
+    buf.assign(size_t(total * dtype_size(t)), 0);
+    view.data = buf.data();
+    view.dtype = t;
+    view.ndim = 4;
+    view.shape[0] = b;
+    view.shape[1] = n1;
+    view.shape[2] = n2;
+    view.shape[3] = d;
+    view.stride[3] = dim_stride;
+    view.stride[2] = row;
+    view.stride[1] = n2 * row;
+    view.stride[0] = n1 * n2 * row;
+  }
+  void fill_random(std::mt19937& rng, double lo = -1, double hi = 1) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    int64_t idx[4];
+    for (idx[0] = 0; idx[0] < view.shape[0]; ++idx[0])
+      for (idx[1] = 0; idx[1] < view.shape[1]; ++idx[1])
+        for (idx[2] = 0; idx[2] < view.shape[2]; ++idx[2])
+          for (idx[3] = 0; idx[3] < view.shape[3]; ++idx[3]) view.set(idx, u(rng));
+  }
+  // Value at logical (b, s, h, d).
+  double at(int64_t b, int64_t s, int64_t h, int64_t d, Layout l) const {
+    int64_t idx[4] = {b, s, h, d};
+    if (l == Layout::BHSD) std::swap(idx[1], idx[2]);
+    return view.get(idx);
+  }
+};
+
+// max |got - want| / max(max |want|, floor): a normwise relative error (FlashAttention-style
+// tests use the same idea). NaN anywhere in got where want is finite counts as infinite error.
+inline double rel_err(const Owned4& got, Layout l, const std::vector<double>& want, int64_t B,
+                      int64_t S, int64_t H, int64_t D, double floor = 1e-6) {
+  double num = 0, den = floor;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const double w = want[size_t(((b * S + s) * H + h) * D + d)];
+          const double g = got.at(b, s, h, d, l);
+          if (std::isnan(g) && !std::isnan(w)) return INFINITY;
+          num = std::max(num, std::fabs(g - w));
+          den = std::max(den, std::fabs(w));
+        }
+  return num / den;
+}
+
+}  // namespace strata::test
