@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds strata in build/<config> (release | asan). Needs scripts/setup.sh first.
-# Usage: scripts/build.sh [release|asan] [extra cmake args...]
+# Usage: scripts/build.sh [release|asan] [extra cmake args...]   (STRATA_BUILD_DIR overrides build/<config>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG="${1:-release}"; shift || true
@@ -13,6 +13,7 @@ case "$CONFIG" in
   *) echo "[build] ERROR: argument 1: expected release or asan, got '$CONFIG'" >&2; exit 1 ;;
 esac
 export CCACHE_DIR="${CCACHE_DIR:-${STRATA_HOME:-$HOME/.cache/strata}/ccache}"
-cmake -S . -B "build/$CONFIG" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
+BUILD_DIR="${STRATA_BUILD_DIR:-build/$CONFIG}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
   -DPython3_EXECUTABLE="$VENV/bin/python" "${ARGS[@]}" "$@" >/dev/null
-cmake --build "build/$CONFIG" -j "${STRATA_BUILD_JOBS:-$(nproc)}"
+cmake --build "$BUILD_DIR" -j "${STRATA_BUILD_JOBS:-$(nproc)}"

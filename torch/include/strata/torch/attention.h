@@ -1,0 +1,52 @@
+// strata/torch/attention.h: the LibTorch face of strata's dense attention (the ONLY layer that
+// includes torch). Functions check devices/dtypes/shapes (errors name the argument), allocate
+// outputs, wrap tensors as strata::TensorView and call the torch-free core
+// (include/strata/attention.h, whose semantics apply unchanged).
+//
+// Tensors are CPU, float32 or bfloat16 (float64 only through attention(), see below), any strides.
+//   q: batch x seq_q x heads_q x head_dim  (layout "bshd"; "bhsd" swaps dims 1 and 2)
+//   k: batch x seq_k x heads_kv x head_dim, v: batch x seq_k x heads_kv x head_dim_v
+#pragma once
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "strata/attention.h"
+
+namespace strata::torch {
+
+struct AttentionArgs {
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // -1: unbounded
+  int64_t num_global = 0;
+  std::optional<at::Tensor> key_padding_mask;   // batch x seq_k, bool/uint8, true = attend
+  std::optional<at::Tensor> bias;               // broadcastable to batch x heads_q x seq_q x seq_k
+  std::string layout = "bshd";                  // or "bhsd"
+};
+
+// Wraps a CPU tensor as a TensorView (no copy). Throws strata::Error naming `arg` otherwise.
+TensorView view_of(const at::Tensor& t, const char* arg);
+
+// Returns (out: batch x seq_q x heads_q x head_dim_v in q's layout, lse: batch x heads_q x seq_q f32).
+std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v, const AttentionArgs& a);
+// Returns (dq, dk, dv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& dout, const AttentionArgs& a);
+
+// Differentiable attention (torch::autograd::Function over the two ops above). float64 inputs
+// are computed by the double-precision reference (exact gradients, for gradcheck); float32 and
+// bfloat16 by the kernel. The bias gets no gradient: passing a bias that requires grad throws.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const AttentionArgs& a = {});
+
+// The paper's GSWA baseline (see core header): differentiable composition of two attentions.
+at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                int64_t split_a, int64_t window, std::optional<double> scale = {},
+                                const std::string& layout = "bshd");
+
+}  // namespace strata::torch
