@@ -23,24 +23,34 @@ inline VF vmul(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline VF vmax(VF a, VF b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline float vreduce_max(VF a) { return _mm512_reduce_max_ps(a.v); }
 inline float vreduce_add(VF a) { return _mm512_reduce_add_ps(a.v); }
-// 2^x for x <= 0 region used by softmax (any x works; x < -150 gives 0, -inf gives 0, NaN NaN).
+// 2^x (x < -150 gives 0, -inf gives 0, NaN gives NaN). max/min return their SECOND operand when
+// either is NaN, so putting x second lets NaN flow through without a compare.
 inline VF vexp2(VF x) {
-  __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-150.f));
-  xc = _mm512_min_ps(xc, _mm512_set1_ps(128.f));
+  __m512 xc = _mm512_max_ps(_mm512_set1_ps(-150.f), x.v);
+  xc = _mm512_min_ps(_mm512_set1_ps(128.f), xc);
   __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(xc, n);  // f in [-0.5, 0.5]
-  // 2^f, degree-7 Taylor in f*ln2: relative error < 2e-8 on [-0.5, 0.5].
-  __m512 p = _mm512_set1_ps(1.5252733804059840e-05f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381608e-04f));
+  // 2^f, degree-6 Taylor in f*ln2: relative error < 1.3e-7 on [-0.5, 0.5] (fp32 eps 1.2e-7).
+  __m512 p = _mm512_set1_ps(1.5403530393381608e-04f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  __m512 r = _mm512_scalef_ps(p, n);
-  // keep NaN inputs NaN (max/min above may have replaced them)
-  return {_mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), x.v)};
+  return {_mm512_scalef_ps(p, n)};
+}
+// x where x != -inf, else 0 (so that x - m never computes (-inf) - (-inf)).
+inline VF vneginf_to_zero(VF x) {
+  return {_mm512_mask_mov_ps(x.v, _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                             _mm512_setzero_ps())};
+}
+// s where key j is allowed for the lane's query ((lo <= j <= hi) or j <= ghi), else -inf.
+inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
+  const __m512 jv = _mm512_set1_ps(j);
+  const __mmask16 win = _mm512_cmp_ps_mask(lo.v, jv, _CMP_LE_OQ) & _mm512_cmp_ps_mask(jv, hi.v, _CMP_LE_OQ);
+  const __mmask16 ok = win | _mm512_cmp_ps_mask(jv, ghi.v, _CMP_LE_OQ);
+  return {_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, s.v)};
 }
 #elif STRATA_ISA_LEVEL == 1
 struct VF {
@@ -87,6 +97,15 @@ inline VF vexp2(VF x) {
   r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-126.f), _CMP_LT_OQ));
   return {_mm256_blendv_ps(r, x.v, _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q))};
 }
+inline VF vneginf_to_zero(VF x) {
+  return {_mm256_blendv_ps(x.v, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))};
+}
+inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
+  const __m256 jv = _mm256_set1_ps(j);
+  const __m256 win = _mm256_and_ps(_mm256_cmp_ps(lo.v, jv, _CMP_LE_OQ), _mm256_cmp_ps(jv, hi.v, _CMP_LE_OQ));
+  const __m256 ok = _mm256_or_ps(win, _mm256_cmp_ps(jv, ghi.v, _CMP_LE_OQ));
+  return {_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s.v, ok)};
+}
 #else
 struct VF {
   static constexpr int W = 1;
@@ -104,6 +123,10 @@ inline VF vmax(VF a, VF b) { return {a.v > b.v ? a.v : (b.v != b.v ? b.v : (a.v 
 inline float vreduce_max(VF a) { return a.v; }
 inline float vreduce_add(VF a) { return a.v; }
 inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
+inline VF vneginf_to_zero(VF x) { return {x.v == -INFINITY ? 0.f : x.v}; }
+inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
+  return {((lo.v <= j && j <= hi.v) || j <= ghi.v) ? s.v : -INFINITY};
+}
 #endif
 
 // Register-blocking shape of the GEMM micro-kernel: MR rows x NV vectors of C in registers.

@@ -3,6 +3,7 @@
 #define STRATA_ISA_LEVEL 1
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <immintrin.h>
 #include <limits>

@@ -3,6 +3,7 @@
 #define STRATA_ISA_LEVEL 0
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <memory>
