@@ -24,11 +24,15 @@ struct AttentionArgs {
   int64_t num_global = 0;
   std::optional<at::Tensor> key_padding_mask;   // batch x seq_k, bool/uint8, true = attend
   std::optional<at::Tensor> bias;               // broadcastable to batch x heads_q x seq_q x seq_k
+                                                // (fewer than 4 dims: leading 1s are implied)
   std::string layout = "bshd";                  // or "bhsd"
 };
 
 // Wraps a CPU tensor as a TensorView (no copy). Throws strata::Error naming `arg` otherwise.
+// Accepted dtypes: float32, bfloat16, float64, uint8 and bool (1 byte, viewed as uint8).
 TensorView view_of(const at::Tensor& t, const char* arg);
+// Same, with `where` (the calling function's name) leading the error message.
+TensorView view_of(const at::Tensor& t, const char* where, const char* arg);
 
 // Returns (out: batch x seq_q x heads_q x head_dim_v in q's layout, lse: batch x heads_q x seq_q f32).
 std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
@@ -43,6 +47,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 // bfloat16 by the kernel. The bias gets no gradient: passing a bias that requires grad throws.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionArgs& a = {});
+
+// The double-precision reference (strata::reference) behind the same checks: q, k, v float32,
+// bfloat16 or float64 (one dtype). Returns (out: float64 in q's layout, lse: float64
+// batch x heads_q x seq_q). Materialises seq_q x seq_k per head: for tests and gradcheck only.
+std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor& q,
+                                                               const at::Tensor& k,
+                                                               const at::Tensor& v,
+                                                               const AttentionArgs& a);
+// Returns (dq, dk, dv) float64 in the layouts of q, k, v; dout: shape of out, dtype of q.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+    const AttentionArgs& a);
 
 // The paper's GSWA baseline (see core header): differentiable composition of two attentions.
 at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

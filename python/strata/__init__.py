@@ -1,0 +1,187 @@
+"""strata: structured softmax attention kernels, from Python.
+
+A thin layer over the ops that ``libstrata_torch.so`` registers as ``torch.ops.strata.*``
+(the same library the C++ API and the ``strata`` CLI use); no math happens in Python.
+Semantics (masks, lse, the fully-masked-row convention) are those of
+``include/strata/attention.h``.
+
+Shapes, layout "bshd" ("bhsd" swaps dims 1 and 2)::
+
+    q    batch x seq_q x heads_q  x head_dim
+    k    batch x seq_k x heads_kv x head_dim       heads_q % heads_kv == 0 (GQA / MQA)
+    v    batch x seq_k x heads_kv x head_dim_v
+    out  batch x seq_q x heads_q  x head_dim_v     dtype of q, memory order of q
+    lse  batch x heads_q x seq_q                   float32, natural log
+
+Tensors are CPU float32 or bfloat16, any strides; :func:`attention` and
+:func:`paper_gswa_attention` also take float64, computed by the double-precision reference
+(exact gradients, for ``torch.autograd.gradcheck``). Errors raise ``RuntimeError`` with a message
+that names the argument, e.g. ``attention_forward: argument 'k': expected ..., got ...``.
+
+The shared library is found in this order: the file named by the environment variable
+``STRATA_LIB``; ``<repo>/build/release/torch/libstrata_torch.so``; ``libstrata_torch.so`` next to
+this package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["attention", "attention_forward", "attention_backward", "paper_gswa_attention", "library_path"]
+
+_LIB_NAME = "libstrata_torch.so"
+
+
+def _find_library() -> Path:
+    """Returns the path of libstrata_torch.so (search order in the module docstring)."""
+    env = os.environ.get("STRATA_LIB")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ImportError(f"strata: STRATA_LIB={env!r} is not a file (expected the path of {_LIB_NAME})")
+        return path
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent.parent / "build" / "release" / "torch" / _LIB_NAME, here / _LIB_NAME]
+    for path in candidates:
+        if path.is_file():
+            return path
+    tried = ", ".join(str(p) for p in candidates)
+    raise ImportError(
+        f"strata: {_LIB_NAME} not found (tried {tried}); build it with scripts/build.sh release "
+        "or set STRATA_LIB to its path"
+    )
+
+
+library_path: Path = _find_library()
+torch.ops.load_library(str(library_path))
+_ops = torch.ops.strata
+
+
+def _window_pair(window: Tuple[int, int]) -> Tuple[int, int]:
+    """Returns (window_left, window_right) from a 2-sequence; raises TypeError naming 'window'."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"strata: argument 'window': expected a pair (left, right), got {window!r}") from None
+    return int(left), int(right)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    num_global: int = 0,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    layout: str = "bshd",
+) -> torch.Tensor:
+    """Differentiable attention: ``softmax(scale * q k^T + bias + mask) v`` per (batch, query head).
+
+    Args (shapes in the module docstring):
+        q, k, v: CPU float32 / bfloat16 (kernel) or float64 (double reference), one dtype.
+        scale: logit scale; None means 1/sqrt(head_dim).
+        causal: key j allowed for query i when j <= i + seq_k - seq_q (bottom-right aligned).
+        window: (left, right); key j allowed when p - left <= j <= p + right, p = i + seq_k - seq_q;
+            -1 leaves that side unbounded.
+        num_global: the first G positions are Longformer-style global tokens (window waived).
+        key_padding_mask: batch x seq_k, bool or uint8, True / nonzero = attend.
+        bias: added to the logits, broadcastable to batch x heads_q x seq_q x seq_k (float32 or
+            q's dtype); it gets no gradient, so it must not require grad.
+        layout: "bshd" or "bhsd".
+
+    Returns:
+        out: batch x seq_q x heads_q x head_dim_v (in ``layout``). Query rows with no allowed key
+        are zeros and get zero gradients.
+    """
+    left, right = _window_pair(window)
+    return _ops.attention(q, k, v, scale, causal, left, right, num_global, key_padding_mask, bias, layout)
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    num_global: int = 0,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    layout: str = "bshd",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The forward kernel alone (no autograd); float32 / bfloat16 only. Options as :func:`attention`.
+
+    Returns:
+        (out: batch x seq_q x heads_q x head_dim_v in ``layout``,
+         lse: batch x heads_q x seq_q float32, log-sum-exp of the allowed logits, -inf for empty rows)
+    """
+    left, right = _window_pair(window)
+    return _ops.attention_forward(q, k, v, scale, causal, left, right, num_global, key_padding_mask, bias, layout)
+
+
+def attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    num_global: int = 0,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    layout: str = "bshd",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward kernel alone; float32 / bfloat16 only. Options must equal the forward's.
+
+    Args:
+        out, lse: what :func:`attention_forward` returned for q, k, v.
+        dout: gradient of the loss w.r.t. out (shape and dtype of out).
+
+    Returns:
+        (dq, dk, dv) with the shapes and dtype of q, k, v (the bias gets no gradient).
+    """
+    left, right = _window_pair(window)
+    return _ops.attention_backward(
+        q, k, v, out, lse, dout, scale, causal, left, right, num_global, key_padding_mask, bias, layout
+    )
+
+
+def paper_gswa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    split_a: int,
+    window: int,
+    *,
+    scale: Optional[float] = None,
+    layout: str = "bshd",
+) -> torch.Tensor:
+    """The structured-attention paper's global + sliding-window baseline (differentiable).
+
+    Head dims of q and k are split at ``split_a``: a causal softmax over dims [0, split_a) and a
+    causal sliding-window softmax (keys p - window .. p) over dims [split_a, head_dim); the two
+    probability matrices are added without renormalising: ``out = P_a v + P_b v`` (v shared).
+
+    Args:
+        q, k, v: as :func:`attention` (float32, bfloat16 or float64).
+        split_a: 1 .. head_dim - 1.
+        window: >= 0.
+        scale: None means 1/sqrt(head_dim) of the full head_dim.
+
+    Returns:
+        out: batch x seq_q x heads_q x head_dim_v (in ``layout``).
+    """
+    return _ops.paper_gswa_attention(q, k, v, split_a, window, scale, layout)

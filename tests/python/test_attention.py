@@ -1,0 +1,330 @@
+"""Tests of the Python package (python/strata) over libstrata_torch.so.
+
+Run: STRATA_LIB=<build>/torch/libstrata_torch.so PYTHONPATH=python python -m pytest -q tests/python
+
+Truth is PyTorch: torch.autograd.gradcheck in float64 (strata's float64 path is the double
+reference), and scaled_dot_product_attention in float64 with the mask written out from the
+definition in include/strata/attention.h. SDPA's is_causal is top-left aligned while strata's
+causal is bottom-right (as FlashAttention), so the boolean mask is always built here. GQA:
+k and v are expanded with repeat_interleave. Errors are normwise: max|got - want| / max|want|.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import strata
+
+# Acceptance rule (FlashAttention's): strata's error against the float64 truth is at most twice
+# PyTorch's own error for the same computation in the same precision, plus a floor for draws on
+# which PyTorch happens to be unusually exact.
+#   fp32 floor 1e-6: ~8 ulps of the largest output; both implementations round every logit, exp
+#        and sum to fp32 and measure 2e-7..1.6e-6 on sizes up to 256 x 256 x 128.
+#   bf16 floor 2^-8: one bf16 unit roundoff, paid by the final rounding of every output.
+# A masking, indexing or scaling bug gives errors of order 1e-1.
+FP32_FLOOR = 1e-6
+BF16_FLOOR = 2.0**-8
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want| in float64; NaN in got is an infinite error."""
+    got, want = got.double(), want.double()
+    if torch.isnan(got).any():
+        return math.inf
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def allowed_mask(nq: int, nk: int, causal=False, window=(-1, -1), num_global=0) -> torch.Tensor:
+    """Bool nq x nk: key j allowed for query i (bottom-right alignment, Longformer globals)."""
+    p = torch.arange(nq)[:, None] + (nk - nq)
+    j = torch.arange(nk)[None, :]
+    ok = (j <= p) if causal else torch.ones(nq, nk, dtype=torch.bool)
+    win = torch.ones(nq, nk, dtype=torch.bool)
+    if window[0] >= 0:
+        win &= j >= p - window[0]
+    if window[1] >= 0:
+        win &= j <= p + window[1]
+    glob = (j < num_global) | ((p >= 0) & (p < num_global))
+    return ok & (win | glob)
+
+
+def sdpa_bshd(q, k, v, mask=None, scale=None):
+    """SDPA on B x N x H x D tensors (GQA by repeat_interleave); mask bool (True = attend) or
+    float (added), broadcastable to B x Hq x Nq x Nk. Returns B x Nq x Hq x Dv."""
+    rep = q.shape[2] // k.shape[2]
+    kt = k.transpose(1, 2).repeat_interleave(rep, 1)
+    vt = v.transpose(1, 2).repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
+
+
+def out_and_grads(fn, q, k, v, g):
+    """[out, dq, dk, dv] of loss = sum(fn(q, k, v) * g), inputs detached copies of q, k, v."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, g.to(out.dtype))
+    return [out.detach(), *grads]
+
+
+def assert_as_close_as_torch(got, want, torch_same_precision, floor, what=""):
+    """The acceptance rule above, for each of [out, dq, dk, dv]."""
+    for i, (a, w, t) in enumerate(zip(got, want, torch_same_precision)):
+        err, err_torch = rel_err(a, w), rel_err(t, w)
+        assert math.isfinite(err_torch), f"{what} tensor {i}: PyTorch's own result is not finite"
+        assert err <= 2 * err_torch + floor, f"{what} tensor {i} (0 = out, 1..3 = dq, dk, dv): {err:.3g} vs torch {err_torch:.3g}"
+
+
+def rand_qkv(b, nq, nk, hq, hkv, d, dv, dtype, layout="bshd", gen_seed=0):
+    """Random q, k, v in the given layout (BSHD shapes with dims 1 and 2 swapped for bhsd)."""
+    g = torch.Generator().manual_seed(gen_seed)
+    shapes = [(b, nq, hq, d), (b, nk, hkv, d), (b, nk, hkv, dv)]
+    ts = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
+    return [t.transpose(1, 2).contiguous() if layout == "bhsd" else t for t in ts]
+
+
+# ---- gradcheck (float64 = the double reference) ---------------------------------------------
+
+GRADCHECK_CASES = {
+    "plain": dict(shape=(2, 5, 7, 2, 2, 3, 4), opts={}),
+    "causal_nq_gt_nk": dict(shape=(1, 6, 4, 2, 2, 3, 3), opts=dict(causal=True)),
+    "causal_window": dict(shape=(1, 6, 8, 2, 2, 3, 3), opts=dict(causal=True, window=(2, 0))),
+    "window_global": dict(shape=(1, 7, 7, 2, 1, 3, 2), opts=dict(window=(1, 1), num_global=2)),
+    "key_padding_mask": dict(shape=(2, 4, 6, 2, 2, 3, 3), opts=dict(mask=True)),
+    "bias": dict(shape=(2, 4, 5, 2, 2, 3, 3), opts=dict(bias=True)),
+    "gqa": dict(shape=(1, 5, 6, 4, 2, 3, 3), opts=dict(causal=True)),
+    "bhsd": dict(shape=(2, 5, 6, 2, 1, 3, 2), opts=dict(causal=True, window=(2, 1), layout="bhsd")),
+}
+
+
+@pytest.mark.parametrize("name", list(GRADCHECK_CASES))
+def test_gradcheck_float64(name):
+    case = GRADCHECK_CASES[name]
+    b, nq, nk, hq, hkv, d, dv = case["shape"]
+    opts = dict(case["opts"])
+    layout = opts.get("layout", "bshd")
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float64, layout, gen_seed=1)
+    if opts.pop("mask", False):
+        mask = torch.ones(b, nk, dtype=torch.bool)
+        mask[1, 2:4] = False
+        opts["key_padding_mask"] = mask
+    if opts.pop("bias", False):
+        opts["bias"] = torch.randn(b, 1, nq, nk, dtype=torch.float64)  # broadcast over heads
+    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: strata.attention(q, k, v, **opts), inputs)
+
+
+def test_gradcheck_paper_gswa_float64():
+    q, k, v = rand_qkv(2, 7, 7, 2, 2, 5, 3, torch.float64, gen_seed=2)
+    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: strata.paper_gswa_attention(q, k, v, 2, 3), inputs)
+
+
+# ---- fp32 kernel vs SDPA --------------------------------------------------------------------
+
+FP32_CASES = {
+    "plain": dict(shape=(2, 37, 53, 4, 4, 40, 40), opts={}),
+    "causal_square": dict(shape=(2, 64, 64, 2, 2, 32, 32), opts=dict(causal=True)),
+    "causal_nq_lt_nk": dict(shape=(1, 29, 70, 3, 3, 24, 16), opts=dict(causal=True)),
+    "causal_nq_gt_nk": dict(shape=(1, 50, 31, 2, 2, 16, 16), opts=dict(causal=True)),
+    "gqa_window": dict(shape=(2, 41, 41, 6, 2, 59, 59), opts=dict(causal=True, window=(8, 0))),
+    "mqa_global_window": dict(shape=(1, 45, 45, 4, 1, 32, 48), opts=dict(window=(5, 5), num_global=3)),
+    "padding_bias": dict(shape=(2, 33, 47, 4, 2, 16, 16), opts=dict(causal=True, mask=True, bias=True)),
+    "bhsd": dict(shape=(2, 30, 38, 4, 2, 24, 24), opts=dict(causal=True, window=(9, 3), layout="bhsd")),
+}
+
+
+@pytest.mark.parametrize("name", list(FP32_CASES))
+def test_float32_forward_and_grads_match_sdpa(name):
+    case = FP32_CASES[name]
+    b, nq, nk, hq, hkv, d, dv = case["shape"]
+    opts = dict(case["opts"])
+    layout = opts.get("layout", "bshd")
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float32, layout, gen_seed=3)
+    allowed = allowed_mask(nq, nk, opts.get("causal", False), opts.get("window", (-1, -1)), opts.get("num_global", 0))
+    allowed = allowed[None, None]  # 1 x 1 x Nq x Nk
+    additive = torch.zeros(1, 1, nq, nk, dtype=torch.float64)
+    if opts.pop("mask", False):
+        mask = torch.ones(b, nk, dtype=torch.bool)
+        mask[-1, nk // 2 :] = False
+        opts["key_padding_mask"] = mask
+        allowed = allowed & mask[:, None, None, :]
+    if opts.pop("bias", False):
+        bias = torch.randn(1, hq, nq, nk)  # broadcast over batch
+        opts["bias"] = bias
+        additive = additive + bias.double()
+    float_mask = additive.masked_fill(~allowed, -math.inf)
+    # Rows with no allowed key are zeros in strata (documented choice); force SDPA's the same.
+    row_ok = allowed.any(-1).transpose(1, 2)[..., None]  # B x Nq x 1 x 1
+
+    def to_bshd(t):
+        return t.transpose(1, 2) if layout == "bhsd" else t
+
+    def run_sdpa(q, k, v):  # on BSHD tensors
+        return sdpa_bshd(q, k, v, float_mask.to(q.dtype)) * row_ok
+
+    g = torch.randn(to_bshd(q).shape[:3] + (dv,), generator=torch.Generator().manual_seed(4))
+    g = g.transpose(1, 2) if layout == "bhsd" else g
+    got = out_and_grads(lambda q, k, v: strata.attention(q, k, v, **opts), q, k, v, g)
+    assert got[0].shape == (q.shape[:3] + (dv,))
+    got = [to_bshd(t) for t in got]
+    qs, ks, vs = to_bshd(q), to_bshd(k), to_bshd(v)
+    want = out_and_grads(run_sdpa, qs.double(), ks.double(), vs.double(), to_bshd(g))
+    torch32 = out_and_grads(run_sdpa, qs, ks, vs, to_bshd(g))
+    assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, name)
+
+
+def test_forward_lse_and_backward_ops_are_consistent():
+    q, k, v = rand_qkv(2, 19, 27, 4, 2, 16, 12, torch.float32, gen_seed=5)
+    opts = dict(causal=True, window=(6, 0), scale=0.2)
+    out, lse = strata.attention_forward(q, k, v, **opts)
+    assert lse.shape == (2, 4, 19) and lse.dtype == torch.float32
+    logits = torch.einsum("bihd,bjhd->bhij", q.double(), k.double().repeat_interleave(2, 2)) * 0.2
+    logits = logits.masked_fill(~allowed_mask(19, 27, True, (6, 0)), -math.inf)
+    # lse is one fp32 max + exp-sum + log over <= 7 keys: a few ulps of |lse| ~ 5.
+    assert rel_err(lse, torch.logsumexp(logits, -1)) <= FP32_FLOOR
+    dout = torch.randn_like(out)
+    dq, dk, dv = strata.attention_backward(q, k, v, out, lse, dout, **opts)
+    got = out_and_grads(lambda q, k, v: strata.attention(q, k, v, **opts), q, k, v, dout)
+    # The autograd Function runs exactly these two ops: bitwise equal.
+    for a, b in zip(got, [out, dq, dk, dv]):
+        assert torch.equal(a, b)
+
+
+def test_output_follows_memory_order_of_q():
+    q, k, v = rand_qkv(2, 9, 11, 3, 3, 8, 8, torch.float32, gen_seed=6)
+    out = strata.attention(q, k, v)
+    qh = q.transpose(1, 2).contiguous().transpose(1, 2)  # BSHD view of head-major memory
+    out_h = strata.attention(qh, k, v)
+    assert torch.equal(out, out_h)
+    assert out_h.transpose(1, 2).is_contiguous()
+
+
+def test_double_backward_raises_instead_of_silently_dropping_terms():
+    q, k, v = (t.requires_grad_() for t in rand_qkv(1, 5, 6, 2, 2, 4, 4, torch.float64, gen_seed=12))
+    dq, dk = torch.autograd.grad(strata.attention(q, k, v, causal=True).sum(), (q, k), create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        (dq.square().sum() + dk.sum()).backward()
+
+
+def test_fully_masked_rows_are_zero_with_zero_grads():
+    q, k, v = rand_qkv(2, 5, 6, 2, 2, 4, 4, torch.float32, gen_seed=7)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False
+    got = out_and_grads(lambda q, k, v: strata.attention(q, k, v, key_padding_mask=mask), q, k, v, torch.ones(2, 5, 2, 4))
+    for t in got:
+        assert not torch.isnan(t).any()
+        assert (t[1] == 0).all() and (t[0] != 0).any()
+    _, lse = strata.attention_forward(q, k, v, key_padding_mask=mask)
+    assert torch.isneginf(lse[1]).all() and torch.isfinite(lse[0]).all()
+
+
+# ---- bf16 -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_forward_matches_sdpa(causal):
+    q, k, v = rand_qkv(2, 48, 64, 4, 2, 64, 64, torch.bfloat16, gen_seed=8)
+    mask = allowed_mask(48, 64, causal)
+    out = strata.attention(q, k, v, causal=causal)
+    assert out.dtype == torch.bfloat16
+    want = sdpa_bshd(q.double(), k.double(), v.double(), mask)
+    assert_as_close_as_torch([out], [want], [sdpa_bshd(q, k, v, mask)], BF16_FLOOR, f"bf16 causal={causal}")
+
+
+# ---- paper GSWA -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_paper_gswa_matches_explicit_composition(dtype):
+    b, n, h, d, dv, a, w = 2, 23, 3, 12, 10, 5, 4
+    q, k, v = rand_qkv(b, n, n, h, h, d, dv, dtype, gen_seed=9)
+    # Scale 1/sqrt(full head_dim), rounded to float32 as the core stores it.
+    scale = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
+
+    def composition(q, k, v):
+        """P_a V + P_b V with explicit softmaxes (no renormalisation of the sum)."""
+        out = 0
+        for dims, mask in ((slice(0, a), allowed_mask(n, n, True)), (slice(a, d), allowed_mask(n, n, True, (w, 0)))):
+            s = torch.einsum("bihd,bjhd->bhij", q[..., dims], k[..., dims]) * scale
+            p = torch.softmax(s.masked_fill(~mask, -math.inf), -1)
+            out = out + torch.einsum("bhij,bjhd->bihd", p, v)
+        return out
+
+    g = torch.randn(b, n, h, dv, generator=torch.Generator().manual_seed(10))
+    got = out_and_grads(lambda q, k, v: strata.paper_gswa_attention(q, k, v, a, w), q, k, v, g)
+    want = out_and_grads(composition, q.double(), k.double(), v.double(), g)
+    if dtype == torch.float64:
+        # the double reference vs the same math in another order: roundoff only
+        for i, (x, y) in enumerate(zip(got, want)):
+            assert rel_err(x, y) <= 1e-12, f"tensor {i}"
+    else:
+        assert_as_close_as_torch(got, want, out_and_grads(composition, q, k, v, g), FP32_FLOOR, "gswa fp32")
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+def _qkv():
+    return rand_qkv(1, 4, 5, 2, 2, 8, 8, torch.float32, gen_seed=11)
+
+
+ERROR_CASES = {
+    "q_dtype": (lambda q, k, v: strata.attention(q.int(), k, v), "argument 'q': expected dtype float32"),
+    "k_head_dim": (lambda q, k, v: strata.attention(q, k[..., :7], v), "argument 'k': expected"),
+    "v_dtype": (lambda q, k, v: strata.attention_forward(q, k, v.bfloat16()), "argument 'v': expected dtype float32"),
+    "q_3d": (lambda q, k, v: strata.attention(q[0], k, v), "argument 'q': expected a 4-D tensor"),
+    "q_device": (lambda q, k, v: strata.attention(q.to("meta"), k, v), "argument 'q': expected a CPU tensor"),
+    "gqa_heads": (lambda q, k, v: strata.attention(q, k.repeat(1, 1, 3, 1)[:, :, :3], v.repeat(1, 1, 3, 1)[:, :, :3]),
+                  "argument 'k': expected heads dividing"),
+    "layout": (lambda q, k, v: strata.attention(q, k, v, layout="sbhd"), "argument 'layout': expected \"bshd\" or \"bhsd\""),
+    "mask_shape": (lambda q, k, v: strata.attention(q, k, v, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)),
+                   "argument 'key_padding_mask': expected shape [1, 5]"),
+    "mask_dtype": (lambda q, k, v: strata.attention(q, k, v, key_padding_mask=torch.ones(1, 5)),
+                   "argument 'key_padding_mask': expected dtype uint8"),
+    "bias_shape": (lambda q, k, v: strata.attention(q, k, v, bias=torch.zeros(3, 4, 5)),
+                   "argument 'bias': expected 4-D, broadcastable"),
+    "bias_requires_grad": (lambda q, k, v: strata.attention(q, k, v, bias=torch.zeros(4, 5, requires_grad=True)),
+                           "argument 'bias': expected a tensor that does not require grad"),
+    "window": (lambda q, k, v: strata.attention(q, k, v, window=(-2, 0)), "argument 'window_left'"),
+    "num_global": (lambda q, k, v: strata.attention(q, k, v, num_global=-1), "argument 'num_global'"),
+    "float64_forward_op": (lambda q, k, v: strata.attention_forward(q.double(), k.double(), v.double()),
+                           "argument 'q': expected dtype float32 or bfloat16, got float64"),
+    "float64_k_dtype": (lambda q, k, v: strata.attention(q.double(), k, v.double()), "argument 'k': expected dtype float64"),
+    "gswa_split": (lambda q, k, v: strata.paper_gswa_attention(q, k, v, 8, 2), "argument 'split_a': expected 1..7"),
+    "gswa_window": (lambda q, k, v: strata.paper_gswa_attention(q, k, v, 3, -1), "argument 'window': expected >= 0"),
+    "backward_dout": (lambda q, k, v: strata.attention_backward(q, k, v, *strata.attention_forward(q, k, v), torch.zeros(1, 4, 2, 7)),
+                      "argument 'dout'"),
+}
+
+
+@pytest.mark.parametrize("name", list(ERROR_CASES))
+def test_bad_input_raises_runtime_error_naming_the_argument(name):
+    fn, message = ERROR_CASES[name]
+    with pytest.raises(RuntimeError) as info:
+        fn(*_qkv())
+    assert message in str(info.value)
+
+
+def test_window_must_be_a_pair():
+    with pytest.raises(TypeError, match="argument 'window'"):
+        strata.attention(*_qkv(), window=3)
+
+
+def test_missing_library_is_a_clear_import_error(tmp_path: Path):
+    env = dict(os.environ, STRATA_LIB=str(tmp_path / "nope.so"))
+    proc = subprocess.run([sys.executable, "-c", "import strata"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "STRATA_LIB" in proc.stderr and "nope.so" in proc.stderr
+
+
+def test_library_path_comes_from_strata_lib():
+    if "STRATA_LIB" not in os.environ:
+        pytest.skip("STRATA_LIB not set: the package found the library by its fallback search")
+    assert strata.library_path == Path(os.environ["STRATA_LIB"])

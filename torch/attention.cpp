@@ -1,0 +1,265 @@
+// torch/attention.cpp: the LibTorch binding of dense attention. Checks devices, dtypes and shapes
+// (every error names the argument, expected and got), allocates outputs, wraps at::Tensor as
+// strata::TensorView (no copies) and calls the torch-free core (include/strata/attention.h).
+// The float64 reference path lives here too: strata::reference has no checks of its own, so the
+// same checks run in front of it.
+#include "strata/torch/attention.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+
+#include "strata/error.h"
+
+namespace strata::torch {
+namespace {
+
+using detail::cat;
+
+// Logical (batch, seq, heads, dim) of a 4-D tensor in a layout.
+struct Dims4 {
+  int64_t b, s, h, d;
+};
+constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
+
+// Dims of a 4-D tensor t (batch x seq x heads x dim in BSHD, dims 1 and 2 swapped in BHSD).
+Dims4 dims(const at::Tensor& t, Layout l) {
+  return {t.size(0), t.size(kSeqDim[int(l)]), t.size(kHeadDim[int(l)]), t.size(3)};
+}
+std::string dims_str(const Dims4& d) {
+  return cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
+}
+const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "bhsd"; }
+
+// Torch's name of a tensor's dtype ("float32", "int64", ...).
+std::string torch_dtype_name(const at::Tensor& t) { return c10::getDtypeNames(t.scalar_type()).first; }
+
+// Parses "bshd" / "bhsd"; throws naming 'layout' otherwise.
+Layout parse_layout(const char* where, const std::string& s) {
+  if (s == "bshd") return Layout::BSHD;
+  if (s == "bhsd") return Layout::BHSD;
+  throw_arg(where, "layout", "\"bshd\" or \"bhsd\"", cat("\"", s, "\""));
+}
+
+// Throws unless t is a defined 4-D tensor (needed before any size is read).
+void check_4d(const char* where, const char* arg, const at::Tensor& t, Layout l) {
+  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
+  STRATA_CHECK_ARG(t.dim() == 4, where, arg,
+                   cat("a 4-D tensor (", l == Layout::BSHD ? "batch, seq, heads, dim" : "batch, heads, seq, dim",
+                       ") in layout ", layout_name(l)),
+                   cat(t.dim(), "-D ", t.sizes()));
+}
+
+// A strided CPU tensor with sizes `sizes`, laid out in memory in the dim order of `like`
+// (as empty_like does: only when `like` is non-overlapping and dense, else contiguous).
+at::Tensor empty_in_order_of(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType dtype) {
+  const auto opt = at::TensorOptions().dtype(dtype).device(at::kCPU);
+  if (!like.is_non_overlapping_and_dense() || like.dim() != int64_t(sizes.size())) return at::empty(sizes, opt);
+  std::vector<int64_t> order(sizes.size()), strides(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  const auto ls = like.strides();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ls[a] > ls[b]; });
+  int64_t s = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[size_t(*it)] = s;
+    s *= std::max<int64_t>(sizes[size_t(*it)], 1);
+  }
+  return at::empty_strided(sizes, strides, opt);
+}
+
+// A float64 tensor with logical dims (b, s, h, d) in layout l whose memory is BSHD-contiguous:
+// the order the reference writes (o: B*Nq*Hq*Dv, dq: B*Nq*Hq*D, ...).
+at::Tensor empty_reference_out(Layout l, int64_t b, int64_t s, int64_t h, int64_t d) {
+  const auto opt = at::TensorOptions().dtype(at::kDouble).device(at::kCPU);
+  if (l == Layout::BSHD) return at::empty({b, s, h, d}, opt);
+  return at::empty_strided({b, h, s, d}, {s * h * d, d, h * d, 1}, opt);
+}
+
+// Converts the user-facing arguments to core options (masks as views, no copies).
+AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout l) {
+  AttentionOptions o;
+  if (a.scale.has_value()) {
+    const double s = *a.scale;
+    STRATA_CHECK_ARG(std::isfinite(s) && std::isfinite(float(s)), where, "scale",
+                     "a finite float32 value (or None for 1/sqrt(head_dim))", s);
+    o.scale = float(s);
+  }
+  o.causal = a.causal;
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.num_global = a.num_global;
+  o.layout = l;
+  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
+    o.key_padding_mask = view_of(*a.key_padding_mask, where, "key_padding_mask");
+  if (a.bias.has_value() && a.bias->defined()) {
+    TensorView b = view_of(*a.bias, where, "bias");
+    if (b.ndim < 4) {  // torch broadcasting: missing leading dims are size 1 (stride 0)
+      const int shift = 4 - b.ndim;
+      for (int i = 3; i >= 0; --i) {
+        b.shape[i] = i >= shift ? b.shape[i - shift] : 1;
+        b.stride[i] = i >= shift ? b.stride[i - shift] : 0;
+      }
+      b.ndim = 4;
+    }
+    o.bias = b;
+  }
+  return o;
+}
+
+// Everything the core's own checks cover, for the reference (which checks nothing); q, k, v may
+// be float32, bfloat16 or float64 (one dtype).
+void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionOptions& o) {
+  const Layout l = o.layout;
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q");
+  STRATA_CHECK_ARG(qv.dtype == DType::f32 || qv.dtype == DType::bf16 || qv.dtype == DType::f64, where, "q",
+                   "dtype float32, bfloat16 or float64", dtype_name(qv.dtype));
+  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
+                   torch_dtype_name(k));
+  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
+                   torch_dtype_name(v));
+  view_of(k, where, "k");
+  view_of(v, where, "v");
+  const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  STRATA_CHECK_ARG(dk.b == dq.b && dk.d == dq.d, where, "k",
+                   cat(dims_str({dq.b, dk.s, dk.h, dq.d}), " (batch and head_dim of q)"), dims_str(dk));
+  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dk.s && dv.h == dk.h, where, "v",
+                   cat(dims_str({dq.b, dk.s, dk.h, dv.d}), " (batch of q, seq and heads of k)"), dims_str(dv));
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  STRATA_CHECK_ARG(o.window_left >= -1, where, "window_left", ">= 0, or -1 for unbounded", o.window_left);
+  STRATA_CHECK_ARG(o.window_right >= -1, where, "window_right", ">= 0, or -1 for unbounded", o.window_right);
+  STRATA_CHECK_ARG(o.num_global >= 0, where, "num_global", ">= 0", o.num_global);
+  const TensorView& m = o.key_padding_mask;
+  if (m.ndim != 0) {
+    STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dk.s, where, "key_padding_mask",
+                     cat("shape [", dq.b, ", ", dk.s, "] (batch, seq_k)"), m.shape_str());
+    STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
+  }
+  const TensorView& b = o.bias;
+  if (b.ndim != 0) {
+    const int64_t want[4] = {dq.b, dq.h, dq.s, dk.s};
+    bool ok = b.ndim == 4;
+    for (int i = 0; ok && i < 4; ++i) ok = b.shape[i] == want[i] || b.shape[i] == 1;
+    STRATA_CHECK_ARG(ok, where, "bias",
+                     cat("4-D, broadcastable to [", want[0], ", ", want[1], ", ", want[2], ", ", want[3],
+                         "] (batch, heads_q, seq_q, seq_k)"),
+                     b.shape_str());
+    STRATA_CHECK_ARG(b.dtype == DType::f32 || b.dtype == qv.dtype, where, "bias",
+                     cat("dtype float32 or ", dtype_name(qv.dtype)), dtype_name(b.dtype));
+  }
+}
+
+}  // namespace
+
+TensorView view_of(const at::Tensor& t, const char* arg) { return view_of(t, "view_of", arg); }
+
+TensorView view_of(const at::Tensor& t, const char* where, const char* arg) {
+  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
+  STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", cat("a tensor on ", t.device().str()));
+  STRATA_CHECK_ARG(t.layout() == at::kStrided, where, arg, "a strided (dense) tensor", cat("layout ", t.layout()));
+  STRATA_CHECK_ARG(!t.is_neg(), where, arg, "a tensor without a lazy negation bit (call resolve_neg())",
+                   "a negative view");
+  STRATA_CHECK_ARG(t.dim() <= TensorView::kMaxDims, where, arg, cat("at most ", TensorView::kMaxDims, " dims"),
+                   t.dim());
+  TensorView v;
+  switch (t.scalar_type()) {
+    case at::kFloat: v.dtype = DType::f32; break;
+    case at::kBFloat16: v.dtype = DType::bf16; break;
+    case at::kDouble: v.dtype = DType::f64; break;
+    case at::kByte: v.dtype = DType::u8; break;
+    case at::kBool: v.dtype = DType::u8; break;  // torch bool is one byte holding 0 or 1
+    default:
+      throw_arg(where, arg, "dtype float32, bfloat16, float64, uint8 or bool", torch_dtype_name(t));
+  }
+  v.data = t.numel() == 0 ? nullptr : t.data_ptr();
+  v.ndim = int(t.dim());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = t.size(i);
+    v.stride[i] = t.stride(i);
+  }
+  return v;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v, const AttentionArgs& a) {
+  const char* where = "attention_forward";
+  const Layout l = parse_layout(where, a.layout);
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
+  const AttentionOptions opt = make_options(where, a, l);
+  const Dims4 dq = dims(q, l);
+  // out: batch x seq_q x heads_q x head_dim_v (in q's layout and memory order)
+  std::array<int64_t, 4> out_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
+  at::Tensor out = empty_in_order_of(q, out_sizes, q.scalar_type());
+  // lse: batch x heads_q x seq_q
+  at::Tensor lse = at::empty({dq.b, dq.h, dq.s}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  strata::attention_forward(qv, kv, vv, view_of(out, where, "out"), view_of(lse, where, "lse"), opt);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& dout, const AttentionArgs& a) {
+  const char* where = "attention_backward";
+  const Layout l = parse_layout(where, a.layout);
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
+  const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
+  const TensorView gv = view_of(dout, where, "dout");
+  const AttentionOptions opt = make_options(where, a, l);
+  // dq, dk, dv: shapes, dtypes and memory order of q, k, v
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  strata::attention_backward(qv, kv, vv, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
+                             view_of(dv, where, "dv"), opt);
+  return {dq, dk, dv};
+}
+
+std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v, const AttentionArgs& a) {
+  const char* where = "reference_attention_forward";
+  const Layout l = parse_layout(where, a.layout);
+  const AttentionOptions opt = make_options(where, a, l);
+  check_reference_inputs(where, q, k, v, opt);
+  const Dims4 dq = dims(q, l);
+  at::Tensor out = empty_reference_out(l, dq.b, dq.s, dq.h, v.size(3));
+  at::Tensor lse = at::empty({dq.b, dq.h, dq.s}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
+  reference::attention_forward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), opt,
+                               out.data_ptr<double>(), lse.data_ptr<double>());
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+    const AttentionArgs& a) {
+  const char* where = "reference_attention_backward";
+  const Layout l = parse_layout(where, a.layout);
+  const AttentionOptions opt = make_options(where, a, l);
+  check_reference_inputs(where, q, k, v, opt);
+  check_4d(where, "dout", dout, l);
+  const Dims4 dq = dims(q, l), dk = dims(k, l), want{dq.b, dq.s, dq.h, v.size(3)}, got = dims(dout, l);
+  STRATA_CHECK_ARG(got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d, where, "dout",
+                   cat(dims_str(want), " (shape of out)"), dims_str(got));
+  STRATA_CHECK_ARG(dout.scalar_type() == q.scalar_type(), where, "dout",
+                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(dout));
+  at::Tensor gq = empty_reference_out(l, dq.b, dq.s, dq.h, dq.d);
+  at::Tensor gk = empty_reference_out(l, dk.b, dk.s, dk.h, dk.d);
+  at::Tensor gv = empty_reference_out(l, dk.b, dk.s, dk.h, v.size(3));
+  reference::attention_backward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"),
+                                view_of(dout, where, "dout"), opt, gq.data_ptr<double>(), gk.data_ptr<double>(),
+                                gv.data_ptr<double>());
+  return {gq, gk, gv};
+}
+
+}  // namespace strata::torch

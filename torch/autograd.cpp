@@ -1,0 +1,127 @@
+// torch/autograd.cpp: differentiable attention for LibTorch. AttentionFunction is a
+// torch::autograd::Function whose forward runs attention_forward (saving out and lse) and whose
+// backward runs attention_backward; float64 inputs take the double-precision reference on both
+// passes so that gradcheck sees exact math. paper_gswa_attention composes two of them.
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+
+#include <cmath>
+
+#include "strata/error.h"
+#include "strata/torch/attention.h"
+
+namespace strata::torch {
+namespace {
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+// Stores the non-tensor options in ctx (the tensors go through save_for_backward).
+void save_options(AutogradContext* ctx, const AttentionArgs& a) {
+  ctx->saved_data["scale"] = a.scale.has_value() ? c10::IValue(*a.scale) : c10::IValue();
+  ctx->saved_data["causal"] = a.causal;
+  ctx->saved_data["window_left"] = a.window_left;
+  ctx->saved_data["window_right"] = a.window_right;
+  ctx->saved_data["num_global"] = a.num_global;
+  ctx->saved_data["layout"] = a.layout;
+}
+
+// Rebuilds the forward's AttentionArgs from ctx and the saved (possibly undefined) mask and bias.
+AttentionArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_mask, const at::Tensor& bias) {
+  AttentionArgs a;
+  const c10::IValue& scale = ctx->saved_data.at("scale");
+  if (!scale.isNone()) a.scale = scale.toDouble();
+  a.causal = ctx->saved_data.at("causal").toBool();
+  a.window_left = ctx->saved_data.at("window_left").toInt();
+  a.window_right = ctx->saved_data.at("window_right").toInt();
+  a.num_global = ctx->saved_data.at("num_global").toInt();
+  a.layout = ctx->saved_data.at("layout").toStringRef();
+  if (key_padding_mask.defined()) a.key_padding_mask = key_padding_mask;
+  if (bias.defined()) a.bias = bias;
+  return a;
+}
+
+// With create_graph=True the engine runs backward in grad mode, but the kernels' gradients are
+// not differentiable. As Python's @once_differentiable does, route them through a DelayedError
+// node so that differentiating them again raises instead of silently dropping second-order terms.
+variable_list once_differentiable(variable_list grads, const variable_list& depends_on) {
+  if (!at::GradMode::is_enabled()) return grads;
+  bool any = false;
+  for (const at::Tensor& t : depends_on) any = any || (t.defined() && t.requires_grad());
+  if (!any) return grads;
+  for (at::Tensor& g : grads)
+    if (g.defined()) g = g.detach().requires_grad_();
+  auto err = std::make_shared<::torch::autograd::DelayedError>(
+      "strata attention: double backward is not supported (its backward is a kernel, differentiable once)",
+      int64_t(grads.size()));
+  return (*err)(std::move(grads));
+}
+
+struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction> {
+  // q, k, v in a.layout (see the header); returns out: batch x seq_q x heads_q x head_dim_v.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionArgs& a) {
+    at::Tensor out, lse;
+    if (q.defined() && q.scalar_type() == at::kDouble)
+      std::tie(out, lse) = reference_attention_forward(q, k, v, a);
+    else
+      std::tie(out, lse) = attention_forward(q, k, v, a);
+    ctx->save_for_backward({q, k, v, out, lse, a.key_padding_mask.value_or(at::Tensor()),
+                            a.bias.value_or(at::Tensor())});
+    save_options(ctx, a);
+    return out;
+  }
+
+  // grads[0]: d loss / d out (shape of out). Returns (dq, dk, dv, nothing for the options).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4];
+    const AttentionArgs a = load_options(ctx, s[5], s[6]);
+    at::Tensor dq, dk, dv;
+    if (q.scalar_type() == at::kDouble)
+      std::tie(dq, dk, dv) = reference_attention_backward(q, k, v, grads[0], a);
+    else
+      std::tie(dq, dk, dv) = attention_backward(q, k, v, out, lse, grads[0], a);
+    variable_list out_grads = once_differentiable({dq, dk, dv}, {q, k, v, grads[0]});
+    out_grads.emplace_back();  // no gradient for the options
+    return out_grads;
+  }
+};
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionArgs& a) {
+  // A bias that wants a gradient would silently get none: refuse it while grad mode is on.
+  STRATA_CHECK_ARG(!(a.bias.has_value() && a.bias->defined() && a.bias->requires_grad() &&
+                     at::GradMode::is_enabled()),
+                   "attention", "bias",
+                   "a tensor that does not require grad (strata computes no bias gradient; pass bias.detach())",
+                   "requires_grad=True");
+  return AttentionFunction::apply(q, k, v, a);
+}
+
+at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
+                                int64_t window, std::optional<double> scale, const std::string& layout) {
+  const char* where = "paper_gswa_attention";
+  STRATA_CHECK_ARG(q.defined() && q.dim() == 4, where, "q", "a 4-D tensor",
+                   q.defined() ? detail::cat(q.dim(), "-D ", q.sizes()) : std::string("an undefined tensor"));
+  STRATA_CHECK_ARG(k.defined() && k.dim() == 4, where, "k", "a 4-D tensor",
+                   k.defined() ? detail::cat(k.dim(), "-D ", k.sizes()) : std::string("an undefined tensor"));
+  const int64_t D = q.size(3);
+  STRATA_CHECK_ARG(k.size(3) == D, where, "k", detail::cat("head_dim ", D, " (same as q)"), k.size(3));
+  STRATA_CHECK_ARG(split_a >= 1 && split_a < D, where, "split_a",
+                   detail::cat("1..", D - 1, " (head dims of the global branch; head_dim is ", D, ")"), split_a);
+  STRATA_CHECK_ARG(window >= 0, where, "window", ">= 0", window);
+  AttentionArgs global;  // branch a: causal softmax over head dims [0, a)
+  global.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(double(D));
+  global.causal = true;
+  global.layout = layout;
+  AttentionArgs local = global;  // branch b: causal window (keys p-w..p) over head dims [a, D)
+  local.window_left = window;
+  local.window_right = 0;
+  // O = P_a V + P_b V (probabilities added, not renormalised; v shared)
+  return attention(q.narrow(3, 0, split_a), k.narrow(3, 0, split_a), v, global) +
+         attention(q.narrow(3, split_a, D - split_a), k.narrow(3, split_a, D - split_a), v, local);
+}
+
+}  // namespace strata::torch

@@ -1,0 +1,112 @@
+// torch/ops.cpp: registers strata's attention as torch.ops.strata.* (TORCH_LIBRARY): schemas,
+// CPU kernels for the forward/backward ops, CompositeImplicitAutograd kernels for the
+// differentiable ones (they run the C++ autograd Function, so torch.autograd works from Python).
+// A strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
+#include <torch/library.h>
+
+#include <string>
+
+#include "strata/error.h"
+#include "strata/torch/attention.h"
+
+namespace strata::torch {
+namespace {
+
+// Runs f; rethrows a strata::Error as a c10::Error carrying the same message.
+template <class F>
+auto rethrow_as_c10(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+// The schema's option arguments as AttentionArgs.
+AttentionArgs make_args(std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+                        int64_t num_global, const std::optional<at::Tensor>& key_padding_mask,
+                        const std::optional<at::Tensor>& bias, c10::string_view layout) {
+  AttentionArgs a;
+  a.scale = scale;
+  a.causal = causal;
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.num_global = num_global;
+  a.key_padding_mask = key_padding_mask;
+  a.bias = bias;
+  a.layout = std::string(layout);
+  return a;
+}
+
+// strata::attention_forward (CPU): q, k, v in `layout`; returns (out, lse f32 [B, Hq, Nq]).
+std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              std::optional<double> scale, bool causal, int64_t window_left,
+                                              int64_t window_right, int64_t num_global,
+                                              const std::optional<at::Tensor>& key_padding_mask,
+                                              const std::optional<at::Tensor>& bias, c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return attention_forward(
+        q, k, v, make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout));
+  });
+}
+
+// strata::attention_backward (CPU): out, lse from the forward, dout shaped like out; returns (dq, dk, dv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& dout, std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+    int64_t num_global, const std::optional<at::Tensor>& key_padding_mask, const std::optional<at::Tensor>& bias,
+    c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return attention_backward(
+        q, k, v, out, lse, dout,
+        make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout));
+  });
+}
+
+// strata::attention (differentiable): returns out, batch x seq_q x heads_q x head_dim_v in `layout`.
+at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale,
+                        bool causal, int64_t window_left, int64_t window_right, int64_t num_global,
+                        const std::optional<at::Tensor>& key_padding_mask, const std::optional<at::Tensor>& bias,
+                        c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return attention(q, k, v,
+                     make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout));
+  });
+}
+
+// strata::paper_gswa_attention (differentiable): returns out, shaped like q with v's head_dim.
+at::Tensor paper_gswa_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
+                         int64_t window, std::optional<double> scale, c10::string_view layout) {
+  return rethrow_as_c10([&] { return paper_gswa_attention(q, k, v, split_a, window, scale, std::string(layout)); });
+}
+
+}  // namespace
+}  // namespace strata::torch
+
+TORCH_LIBRARY(strata, m) {
+  m.def(
+      "attention_forward(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, "
+      "int window_left=-1, int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, "
+      "Tensor? bias=None, str layout=\"bshd\") -> (Tensor out, Tensor lse)");
+  m.def(
+      "attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
+      "float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, int num_global=0, "
+      "Tensor? key_padding_mask=None, Tensor? bias=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
+      "str layout=\"bshd\") -> Tensor out");
+  m.def(
+      "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale=None, "
+      "str layout=\"bshd\") -> Tensor out");
+}
+
+TORCH_LIBRARY_IMPL(strata, CPU, m) {
+  m.impl("attention_forward", &strata::torch::forward_op);
+  m.impl("attention_backward", &strata::torch::backward_op);
+}
+
+TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {
+  m.impl("attention", &strata::torch::attention_op);
+  m.impl("paper_gswa_attention", &strata::torch::paper_gswa_op);
+}
