@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Sets up (idempotent), builds Release and Debug+ASan+UBSan, and runs every test:
+#   C++ core + LibTorch tests (Release), the core tests again under ASan+UBSan, and pytest.
+# This is the README's second command and what .ci/run calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="$(bash scripts/setup.sh | tail -n 1)"
+JOBS="${STRATA_BUILD_JOBS:-$(nproc)}"
+bash scripts/build.sh release
+bash scripts/build.sh asan
+echo "== C++ tests (Release: core + LibTorch) =="
+(cd build/release && ctest --output-on-failure -j "$JOBS" --timeout 900)
+echo "== C++ core tests under ASan + UBSan =="
+(cd build/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+   ctest --output-on-failure -j "$JOBS" --timeout 1800)
+echo "== Python tests =="
+STRATA_LIB="$PWD/build/release/torch/libstrata_torch.so" PYTHONPATH="$PWD/python" \
+  "$VENV/bin/python" -m pytest -q tests/python
