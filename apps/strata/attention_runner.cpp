@@ -1,0 +1,119 @@
+// apps/strata/attention_runner.cpp: builds the inputs of one attention row, checks ours against
+// SDPA, and times both interleaved.
+#include "attention_runner.h"
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "strata/error.h"
+#include "strata/torch/attention.h"
+
+namespace strata::app {
+
+std::string attention_case_name(const AttnCase& c) {
+  return std::string(c.backward ? "fwd+bwd" : "fwd") + (c.causal ? " causal" : "");
+}
+
+double attention_flops(const AttnCase& c) {
+  double f = 4.0 * double(c.batch) * double(c.heads) * double(c.seq) * double(c.seq) * double(c.head_dim);
+  if (c.causal) f *= 0.5;
+  if (c.backward) f *= 3.5;
+  return f;
+}
+
+double attention_tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2e-2 : 1e-4; }
+
+double max_rel_err(const at::Tensor& a, const at::Tensor& b) {
+  STRATA_CHECK_ARG(a.sizes() == b.sizes(), "max_rel_err", "b", c10::str("shape of a ", a.sizes()),
+                   c10::str(b.sizes()));
+  const at::Tensor a64 = a.detach().to(at::kDouble), b64 = b.detach().to(at::kDouble);
+  if (a64.isnan().any().item<bool>() || b64.isnan().any().item<bool>())
+    return std::numeric_limits<double>::infinity();
+  const double num = (a64 - b64).abs().max().item<double>();
+  const double den = b64.abs().max().item<double>();
+  return den > 0 ? num / den : num;
+}
+
+BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
+  const char* where = "run_attention_row";
+  STRATA_CHECK_ARG(c.batch >= 1 && c.heads >= 1 && c.seq >= 1 && c.head_dim >= 1, where, "c",
+                   "positive batch, heads, seq, head_dim",
+                   fmt::format("({}, {}, {}, {})", c.batch, c.heads, c.seq, c.head_dim));
+  STRATA_CHECK_ARG(c.dtype == at::kFloat || c.dtype == at::kBFloat16, where, "c.dtype",
+                   "float32 or bfloat16", c10::toString(c.dtype));
+  STRATA_CHECK_ARG(plan.reps >= 1, where, "plan.reps", ">= 1", plan.reps);
+
+  // batch x heads x seq x head_dim, contiguous: SDPA's native layout, "bhsd" for strata.
+  at::manual_seed(20240611);
+  const std::vector<int64_t> sizes{c.batch, c.heads, c.seq, c.head_dim};
+  const at::Tensor q = at::randn(sizes).to(c.dtype), k = at::randn(sizes).to(c.dtype),
+                   v = at::randn(sizes).to(c.dtype), dout = at::randn(sizes).to(c.dtype);
+  strata::torch::AttentionArgs args;
+  args.causal = c.causal;
+  args.layout = "bhsd";
+
+  at::Tensor ours_o, ours_dq, ours_dk, ours_dv, peer_o, peer_dq, peer_dk, peer_dv;
+  std::function<void()> ours, peer;
+  at::Tensor qg, kg, vg;  // leaves that require grad, for SDPA's autograd backward
+  if (!c.backward) {
+    ours = [&] { ours_o = std::get<0>(strata::torch::attention_forward(q, k, v, args)); };
+    peer = [&] { peer_o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, c.causal); };
+  } else {
+    qg = q.detach().requires_grad_(true);
+    kg = k.detach().requires_grad_(true);
+    vg = v.detach().requires_grad_(true);
+    ours = [&] {
+      auto [o, lse] = strata::torch::attention_forward(q, k, v, args);
+      std::tie(ours_dq, ours_dk, ours_dv) = strata::torch::attention_backward(q, k, v, o, lse, dout, args);
+      ours_o = o;
+    };
+    peer = [&] {
+      const at::Tensor o = at::scaled_dot_product_attention(qg, kg, vg, {}, 0.0, c.causal);
+      const auto g = ::torch::autograd::grad({o}, {qg, kg, vg}, {dout});
+      peer_o = o.detach();
+      peer_dq = g[0];
+      peer_dk = g[1];
+      peer_dv = g[2];
+    };
+  }
+
+  // Warm-up (one run each); its outputs are the correctness check.
+  const double warm_ours = time_once(ours), warm_peer = time_once(peer);
+  double err = max_rel_err(ours_o, peer_o);
+  if (c.backward)
+    err = std::max({err, max_rel_err(ours_dq, peer_dq), max_rel_err(ours_dk, peer_dk),
+                    max_rel_err(ours_dv, peer_dv)});
+
+  int reps = plan.reps;
+  const double pair = warm_ours + warm_peer;
+  if (reps > 3 && pair * reps > plan.row_budget_s) reps = std::max(3, int(plan.row_budget_s / pair));
+  const PairTimes t = time_interleaved(ours, peer, reps);
+
+  BenchRow row;
+  row.case_name = attention_case_name(c);
+  row.method = "strata.flash";
+  row.peer = "torch.sdpa";
+  row.shape = {{"batch", c.batch}, {"heads", c.heads}, {"seq", c.seq}, {"head_dim", c.head_dim}};
+  row.shape_label = fmt::format("B={} H={} N={} D={}", c.batch, c.heads, c.seq, c.head_dim);
+  row.dtype = c.dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  row.tolerance = attention_tolerance(c.dtype);
+  row.max_rel_err = err;
+  row.correct = err < row.tolerance;
+  row.flops = attention_flops(c);
+  row.ours = time_stats(t.a);
+  row.peer_time = time_stats(t.b);
+  std::vector<double> ratios;
+  for (size_t i = 0; i < t.a.size(); ++i) ratios.push_back(t.b[i] / t.a[i]);
+  row.speedup = median(ratios);
+  return row;
+}
+
+}  // namespace strata::app

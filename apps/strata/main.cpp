@@ -1,0 +1,81 @@
+// apps/strata/main.cpp: the `strata` command line: info, demo, bench attention (CLI11).
+// Errors from the library (strata::Error, c10::Error) end the command with status 1 and one line
+// on stderr; bad flags get CLI11's message and usage.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "session.h"
+#include "strata/cpu.h"
+#include "strata/error.h"
+#include "strata/threading.h"
+
+namespace strata::app {
+
+CLI::App* add_info(CLI::App& app, InfoOptions& o) {
+  CLI::App* cmd = app.add_subcommand("info", "Print the CPU features, ISA in use, threads and versions");
+  cmd->add_option("--threads", o.threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_flag("--peak", o.peak, "also measure the fp32 FMA peak (about 2 seconds)");
+  return cmd;
+}
+
+int run_info(const InfoOptions& o) {
+  const int threads = configure_threads(o.threads);
+  fmt::print("version:  {}\n", version_string());
+  fmt::print("cpu:      {}\n", cpu_model());
+  fmt::print("features: {}\n", cpu_summary());
+  fmt::print("isa:      {} (kernels dispatch to this; STRATA_ISA=scalar|avx2|avx512 lowers it)\n",
+             isa_name(active_isa()));
+  fmt::print("threads:  strata {}, torch {}\n", strata::get_num_threads(), at::get_num_threads());
+  if (o.peak) {
+    const FmaPeak p = measure_fma_peak(threads);
+    fmt::print("peak:     {:.1f} GFLOP/s fp32 FMA on {} threads, {:.1f} on one ({} loop)\n", p.all_gflops,
+               p.threads, p.per_core_gflops, p.isa);
+  }
+  return 0;
+}
+
+}  // namespace strata::app
+
+int main(int argc, char** argv) {
+  using namespace strata::app;
+  CLI::App app{"strata: structured softmax attention kernels, their peers and benchmarks", "strata"};
+  app.set_version_flag("--version", version_string());
+  InfoOptions info_opt;
+  DemoOptions demo_opt;
+  BenchAttentionOptions bench_attn_opt;
+  CLI::App* info = add_info(app, info_opt);
+  CLI::App* demo = add_demo(app, demo_opt);
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks against peers (table + JSON)");
+  CLI::App* bench_attn = add_bench_attention(*bench, bench_attn_opt);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*info) return run_info(info_opt);
+    if (*demo) return run_demo(demo_opt);
+    if (*bench_attn) return run_bench_attention(bench_attn_opt);
+    // No command given (CLI11 has already rejected unknown words): say so and show the usage.
+    CLI::App* where = *bench ? bench : &app;
+    std::string names;
+    for (const CLI::App* sub : where->get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+    fmt::print(stderr, "{}: expected a command ({}), got none\n\n{}", *bench ? "strata bench" : "strata", names,
+               where->help());
+    return 2;
+  } catch (const strata::Error& e) {
+    fmt::print(stderr, "strata: error: {}\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "strata: torch error: {}\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "strata: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

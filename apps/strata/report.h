@@ -1,0 +1,100 @@
+// apps/strata/report.h: the benchmark result schema shared by every `strata bench ...` and the
+// demo, its JSON / CSV writers, the readable table, and interleaved timing.
+//
+// JSON: {"bench", "peak_gflops" (all-thread fp32 FMA peak; `bench` keeps the higher of the
+//        measurements at its start and end), "peak_gflops_per_core", "peak_isa",
+//        "threads", "cpu" (strata::cpu_summary()), "cpu_model", "torch_version", "date",
+//        "rows": [{"case", "method", "peer", "shape" (object), "dtype", "correct", "max_rel_err",
+//                  "median_s", "peer_median_s", "speedup_vs_peer", "gflops", "pct_of_peak",
+//                  "min_s", "max_s", "peer_min_s", "peer_max_s", "reps", "flops", "peer_gflops",
+//                  "tolerance"}]}
+// speedup_vs_peer is the median over repetitions of peer_time / our_time, each pair measured
+// back to back (A B A B ...), so slow drift of a shared machine cancels.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peak.h"
+
+namespace strata::app {
+
+struct TimeStats {
+  double median_s = 0, min_s = 0, max_s = 0;
+  int reps = 0;
+};
+
+// Median / min / max of `secs` (non-empty).
+TimeStats time_stats(std::vector<double> secs);
+
+// Median of `xs` (non-empty).
+double median(std::vector<double> xs);
+
+struct PairTimes {
+  std::vector<double> a, b;  // seconds per repetition
+};
+
+// Times a and b interleaved (a b a b ...), `reps` times each, no warm-up (the caller warms up).
+PairTimes time_interleaved(const std::function<void()>& a, const std::function<void()>& b, int reps);
+
+// Wall-clock seconds of one call of fn.
+double time_once(const std::function<void()>& fn);
+
+struct BenchRow {
+  std::string case_name;          // what is computed, e.g. "fwd causal"
+  std::string method, peer;       // e.g. "strata.flash", "torch.sdpa"
+  nlohmann::ordered_json shape;   // problem sizes by name, e.g. {"batch": 4, "seq": 4096, ...}
+  std::string shape_label;        // the same, short, for the table: "B=4 H=8 N=4096 D=64"
+  std::string dtype;              // "float32" / "bfloat16"
+  bool correct = false;           // our result matched the peer's within the dtype's tolerance
+  double max_rel_err = 0;         // max over outputs of max|ours - peer| / max|peer|
+  double tolerance = 0;           // the bound max_rel_err was held to
+  double flops = 0;               // by the conventions of shared/design/performance.md
+  TimeStats ours, peer_time;
+  double speedup = 0;             // median of paired peer/ours ratios
+};
+
+struct BenchReport {
+  std::string bench;
+  FmaPeak peak;
+  int threads = 1;
+  std::string cpu, cpu_model, torch_version, date;
+  std::vector<BenchRow> rows;
+};
+
+// The CPU's model name and logical CPU count, e.g. "Intel(R) Xeon(R) Processor x 2" (from
+// /proc/cpuinfo; "unknown" where it cannot be read).
+std::string cpu_model();
+
+// The date and time now, UTC, ISO 8601 ("2025-01-31T12:00:00Z").
+std::string utc_now();
+
+// The report as JSON (schema above).
+nlohmann::ordered_json to_json(const BenchReport& r);
+
+// Writes the JSON (2-space indent) to `path`, creating missing parent folders. Throws
+// strata::Error naming the path when it cannot be written.
+void write_json(const BenchReport& r, const std::string& path);
+
+// Writes the rows as CSV (one header line, the JSON row fields; shape flattened to shape_label).
+void write_csv(const BenchReport& r, const std::string& path);
+
+// Warns on stderr when the all-threads peak is under 0.8 x threads x the one-thread peak (other
+// processes are using the cores: every time measured now is suspect).
+void warn_if_busy(const FmaPeak& p);
+
+// Prints the report's preamble (machine, threads, peak, torch) to stdout.
+void print_preamble(const BenchReport& r);
+
+// Prints the table header line(s) to stdout.
+void print_table_header();
+
+// Prints one row as a table line (flushes, so long sweeps show progress).
+void print_table_row(const BenchRow& row, double peak_gflops);
+
+// Achieved GFLOP/s of `row` (ours: peer = false).
+double row_gflops(const BenchRow& row, bool peer);
+
+}  // namespace strata::app

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Prints a `strata bench ...` / `strata demo` result JSON as Markdown (for docs/results.md).
+
+A header with the machine, then the rows table; for bench "attention", also the issue's targets
+with measured values and met / not met.
+
+Usage: md_table.py IN.json
+"""
+import argparse
+import json
+import sys
+
+# (label, row filter, metric, bound): the dense-attention targets, N = 4096, d = 64.
+ATTENTION_TARGETS = [
+    ("fp32 fwd non-causal: % of fp32 FMA peak", ("fwd", "float32"), "pct_of_peak", 55.0),
+    ("fp32 fwd non-causal: speedup vs SDPA", ("fwd", "float32"), "speedup_vs_peer", 1.0),
+    ("fp32 fwd causal: speedup vs SDPA", ("fwd causal", "float32"), "speedup_vs_peer", 1.0),
+    ("fp32 fwd+bwd non-causal: speedup vs SDPA", ("fwd+bwd", "float32"), "speedup_vs_peer", 1.2),
+    ("bf16 fwd non-causal: speedup vs SDPA bf16", ("fwd", "bfloat16"), "speedup_vs_peer", 1.0),
+    ("bf16 fwd causal: speedup vs SDPA bf16", ("fwd causal", "bfloat16"), "speedup_vs_peer", 1.0),
+]
+
+
+def shape_label(shape):
+    """'B=4 H=8 N=4096 D=64' for the attention shape keys, key=value otherwise."""
+    short = {"batch": "B", "heads": "H", "seq": "N", "head_dim": "D"}
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in shape.items())
+
+
+def fmt_err(x):
+    """The relative error in 1.2e-06 form ('nan' for null)."""
+    return "nan" if x is None else f"{x:.1e}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("input", metavar="IN.json")
+    args = ap.parse_args()
+    try:
+        with open(args.input) as f:
+            rep = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"md_table.py: argument IN: cannot read '{args.input}' as JSON: {e}", file=sys.stderr)
+        sys.exit(2)
+    rows = rep.get("rows", [])
+    print(f"- date (UTC): {rep.get('date', '?')}")
+    print(f"- machine: {rep.get('cpu_model', '?')}; `{rep.get('cpu', '?')}`")
+    print(f"- threads: {rep.get('threads', '?')}; torch {rep.get('torch_version', '?')}")
+    print(f"- measured fp32 FMA peak: {rep.get('peak_gflops', 0):.1f} GFLOP/s on all threads, "
+          f"{rep.get('peak_gflops_per_core', 0):.1f} on one ({rep.get('peak_isa', '?')} loop)")
+    print()
+    if rows:
+        peer = rows[0]["peer"]
+        print(f"| case | dtype | shape | correct | max rel err | ours ms | {peer} ms | speedup | "
+              f"ours GFLOP/s | % of peak | {peer} GFLOP/s | reps |")
+        print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['case']} | {r['dtype']} | {shape_label(r['shape'])} | "
+                  f"{'yes' if r['correct'] else '**NO**'} | {fmt_err(r['max_rel_err'])} | "
+                  f"{r['median_s'] * 1e3:.1f} | {r['peer_median_s'] * 1e3:.1f} | "
+                  f"{r['speedup_vs_peer']:.2f}x | {r['gflops']:.1f} | {r['pct_of_peak']:.1f} | "
+                  f"{r.get('peer_gflops', 0):.1f} | {r.get('reps', '?')} |")
+    if rep.get("bench") == "attention":
+        print()
+        print("| target (N=4096, d=64) | bound | measured | met |")
+        print("|---|---:|---:|---|")
+        for label, (case, dtype), metric, bound in ATTENTION_TARGETS:
+            hit = [r for r in rows if r["case"] == case and r["dtype"] == dtype
+                   and r["shape"].get("seq") == 4096 and r["shape"].get("head_dim") == 64]
+            if not hit:
+                print(f"| {label} | >= {bound:g} | not measured | - |")
+                continue
+            v = hit[0][metric]
+            unit = "%" if metric == "pct_of_peak" else "x"
+            met = "yes" if v >= bound and hit[0]["correct"] else "**no**"
+            print(f"| {label} | >= {bound:g}{unit} | {v:.2f}{unit} | {met} |")
+
+
+if __name__ == "__main__":
+    main()
