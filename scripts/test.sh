@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="$(bash scripts/setup.sh | tail -n 1)"
+bash scripts/setup_encoder.sh >/dev/null  # the pretrained encoder (PyPI) its tests need
 JOBS="${STRATA_BUILD_JOBS:-$(nproc)}"
 bash scripts/build.sh release
 bash scripts/build.sh asan

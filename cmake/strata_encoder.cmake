@@ -1,0 +1,49 @@
+# The pretrained-encoder stack of experiments.md section 4 (included from the top-level
+# CMakeLists.txt after torch/):
+#   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
+#                   and Spearman, model-directory lookup                       (data/)
+#   strata_models   LibTorch: the BERT encoder with pluggable attention        (models/)
+#   strata_encoder_tests  GoogleTest, ctest -L encoder. Without strata_torch (a torch-free
+#                   configuration that includes this file) it holds only the data_* tests, so the
+#                   fuzz test also runs under ASan + UBSan.
+# The model itself comes from scripts/setup_encoder.sh; tests that need it skip without it.
+find_package(nlohmann_json 3 REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+
+add_library(strata_data STATIC
+  ${PROJECT_SOURCE_DIR}/data/minilm.cpp
+  ${PROJECT_SOURCE_DIR}/data/safetensors.cpp
+  ${PROJECT_SOURCE_DIR}/data/sha256.cpp
+  ${PROJECT_SOURCE_DIR}/data/sts.cpp
+  ${PROJECT_SOURCE_DIR}/data/wordpiece.cpp
+)
+# Headers are included as "data/....h" and "models/....h".
+target_include_directories(strata_data PUBLIC ${PROJECT_SOURCE_DIR})
+target_compile_options(strata_data PRIVATE ${STRATA_WARNINGS})
+target_link_libraries(strata_data PUBLIC strata_core nlohmann_json::nlohmann_json PkgConfig::UTF8PROC)
+
+set(STRATA_ENCODER_TEST_SOURCES
+  ${PROJECT_SOURCE_DIR}/tests/cpp/data_safetensors_test.cpp
+  ${PROJECT_SOURCE_DIR}/tests/cpp/data_sts_test.cpp
+  ${PROJECT_SOURCE_DIR}/tests/cpp/data_wordpiece_test.cpp
+)
+set(STRATA_ENCODER_TEST_LIBS strata_data)
+
+if(TARGET strata_torch)
+  add_library(strata_models STATIC ${PROJECT_SOURCE_DIR}/models/bert_encoder.cpp)
+  target_compile_options(strata_models PRIVATE ${STRATA_WARNINGS})
+  target_link_libraries(strata_models PUBLIC strata_data strata_torch)
+  list(APPEND STRATA_ENCODER_TEST_SOURCES
+    ${PROJECT_SOURCE_DIR}/tests/cpp/encoder_bert_test.cpp
+    ${PROJECT_SOURCE_DIR}/tests/cpp/encoder_reference_data.cpp
+  )
+  list(APPEND STRATA_ENCODER_TEST_LIBS strata_models)
+endif()
+
+add_executable(strata_encoder_tests ${STRATA_ENCODER_TEST_SOURCES})
+target_compile_options(strata_encoder_tests PRIVATE ${STRATA_WARNINGS})
+# Tests look for shared/ (STS-B) in or beside the source tree, or at $STRATA_SHARED_DIR.
+target_compile_definitions(strata_encoder_tests PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+target_link_libraries(strata_encoder_tests PRIVATE ${STRATA_ENCODER_TEST_LIBS} GTest::gtest GTest::gtest_main)
+gtest_discover_tests(strata_encoder_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS encoder)
