@@ -1,0 +1,138 @@
+// strata/monarch.h: MonarchAttention (Yaras et al., NeurIPS 2025, arXiv 2505.18698) on the CPU,
+// forward and backward. A zero-shot, sub-quadratic approximation of softmax attention:
+//
+//   O ~ softmax(scale * Q K^T) V    with the attention matrix constrained to a Monarch matrix
+//   A[(l,j),(k,i)] = L_j[l,k] * R_k[j,i]      query token l*B+j, key token k*B+i
+//
+// found by T steps of alternating maximisation of the variational form of softmax,
+// f(A) = <A, scale * Q K^T> + H(A) over row-stochastic A (design: shared/design/monarch-attention.md).
+// Never builds an N x N buffer. Per (batch, query head), with B the block size, M = ceil(N/B)
+// blocks, tokens zero-padded to M*B, sc = scale:
+//
+//   init   a[k,j] = q_{k*B+j}, c[k,j] = 1                  (L = identity)
+//   R-step R_k[j,:] = softmax_i( sc * a[k,j].k_{k*B+i} / c[k,j] )         over block k's keys
+//          al[j,k] = sc * sum_i R_k[j,i] k_{k*B+i},  cl[j,k] = sum_i R_k[j,i] log R_k[j,i]
+//   L-step L_j[l,:] = softmax_k( q_{l*B+j}.al[j,k] - cl[j,k] )           over the M blocks
+//          c[k,j] = sum_l w_{l*B+j} L_j[l,k],  a[k,j] = sum_l w L_j[l,k] q_{l*B+j}
+//   steps  T-1 times {R-step, L-step}, then an R-step that also forms y[j,k] = sum_i R v_i and
+//          an L-step that outputs O_{l*B+j} = sum_k L_j[l,k] y[j,k].
+//   w_p = 1 for a real, unmasked token p, 0 for padding and key_padding_mask == 0.
+// T = 1 is exact softmax attention inside each block followed by one softmax across the blocks.
+// B = 1 and B >= N are both EXACT softmax attention for every T (without a mask in both modes;
+// with a mask in stable mode, on the valid queries). block_size > seqlen means one block.
+//
+// Shapes (layout BSHD; with Layout::BHSD dims 1 and 2 are swapped; any strides):
+//   q      batch x seqlen x heads_q  x head_dim
+//   k      batch x seqlen x heads_kv x head_dim      heads_q % heads_kv == 0 (GQA / MQA, no copy)
+//   v      batch x seqlen x heads_kv x head_dim_v    (head_dim_v may differ from head_dim)
+//   o      batch x seqlen x heads_q  x head_dim_v    same dtype as q
+//   state  batch x heads_q x (T-1) x (M*B) x head_dim   float32, any strides, OPTIONAL
+//   key_padding_mask  batch x seqlen, uint8, nonzero = token kept (as key AND as query)
+// q, k, v, o, dout, dq, dk, dv: float32 or bfloat16, all one dtype. Every internal value is fp32
+// (bf16 is read once and rounded once at the output); ma_torch.py instead keeps a/al/y in the
+// input dtype, which we do not reproduce. Self-attention only: q and k have the same seqlen.
+//
+// Modes (MonarchMode):
+//   reference  reproduces ma_torch.py's arithmetic (formulas, order of masking, eps = 1e-12):
+//              R = exp(s - max(rowmax, eps)) / (sum + eps) with s = sc*a.k/(c + eps), so a row
+//              of very negative logits underflows to R = 0; fully masked key blocks keep L
+//              weight (their logit is 0 - 0); masked (non-pad) queries feed the first R-step
+//              (a = q for every token) and get an output row. Use it to compare accuracy
+//              numbers with the paper.
+//   stable     (default) true maxima, no eps; a key block with no valid key gets R = 0 and is
+//              excluded from every L softmax; masked queries are excluded from a and c from the
+//              first step on and output zeros (zero gradients); where c[k,j] = 0 (no valid query
+//              at offset j) the R row is uniform over the block's valid keys; a query with no
+//              valid key anywhere outputs zeros. Never NaN for finite input.
+// Both modes: NaN / Inf in the inputs propagate (IEEE), no error.
+//
+// Padding: N not a multiple of B is zero-padded to M*B tokens, at the end (MonarchPad::post) or at
+// the front (MonarchPad::pre: ViT with B = 14, N = 197 puts CLS + padding in block 0). Padded
+// tokens are never valid keys and never valid queries; the output is sliced back to N.
+//
+// Saved state: the input a/c of every R-step after the first, normalised (abar = a / c, or
+// a / (c + eps) in reference mode, 0 where c = 0): state[b, h, s, p, :] = abar of step s + 2 at
+// padded position p = k*B + j (s = 0..T-2). The forward writes it when `state` is given; the
+// backward reads it when given (it must come from a forward with the same inputs and options),
+// else recomputes it (cost: T-1 extra forward steps). Memory: (T-1) * M*B * head_dim floats per
+// (batch, query head), i.e. (T-1) fp32 copies of q; nothing for T = 1.
+//
+// Cost (multiply-accumulates, the paper's FLOP count / 2):
+//   forward   N * D * [T * (2B + 2M) + B] per (batch, query head)   (D = Dv)
+//   backward  2.5x - 3x the forward measured (T = 1..3, no saved state): every step's R and L
+//             are recomputed, not stored.
+// Memory: never an N x N buffer, for any B. Per (batch, head) in flight about (2 + [T > 1]) * N*D
+// floats (forward) or (6 + T) * N*D (backward; D ~ Dv, padded to 16), plus per-thread tiles of
+// O((B + M) * D + 64 B + 128 M) floats, all in a grow-only workspace of the calling thread.
+// Threads: parallel over (batch, head) units (backward: (batch, kv head) groups), or over the
+// blocks / offsets of one head at a time when the units do not share evenly among the threads.
+// Results do not depend on the thread count (bitwise).
+//
+// Backward: exact gradients through all T alternating-maximisation steps (derivation in
+// src/cpu/monarch_kernel.inc); the one term dropped is reference mode's derivative of the
+// max(rowmax, eps) shift, which is eps/(sum + eps) <= 1e-12 relative. Entries with R = 0 (masked
+// or padded keys, underflow) get zero gradient: R (log R + 1) -> 0. (Torch autograd through
+// ma_torch.py returns NaN dq, dk as soon as one key is padded or masked: xlogy's backward at 0.)
+#pragma once
+#include <cstdint>
+#include <limits>
+
+#include "strata/attention.h"
+#include "strata/tensor.h"
+
+namespace strata {
+
+enum class MonarchMode : uint8_t { stable = 0, reference = 1 };
+enum class MonarchPad : uint8_t { post = 0, pre = 1 };
+
+struct MonarchOptions {
+  int64_t num_steps = 1;    // T >= 1
+  int64_t block_size = 0;   // B >= 1; 0: floor(sqrt(seqlen)) (the paper's benchmarks)
+  MonarchPad pad = MonarchPad::post;
+  MonarchMode mode = MonarchMode::stable;
+  Layout layout = Layout::BSHD;
+  float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1 / sqrt(head_dim)
+  TensorView key_padding_mask;  // optional: batch x seqlen, uint8, nonzero = keep
+};
+
+// Block geometry for a sequence length (after the block_size default is applied).
+struct MonarchGeometry {
+  int64_t block_size = 0;  // B
+  int64_t num_blocks = 0;  // M = ceil(N / B)
+  int64_t padded_len = 0;  // M * B
+  int64_t pad_front = 0;   // padded positions before token 0 (pre: M*B - N, post: 0)
+};
+// Throws strata::Error for seqlen < 0 or block_size < 0.
+MonarchGeometry monarch_geometry(int64_t seqlen, const MonarchOptions& opt);
+
+// Forward: writes o, and state when it is defined (pass TensorView{} to skip it).
+void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& o, const TensorView& state,
+                               const MonarchOptions& opt);
+
+// Backward: given dout (shape and dtype of o), writes dq, dk, dv (shapes and dtype of q, k, v).
+// state: the forward's saved state, or TensorView{} to recompute it.
+void monarch_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& state, const TensorView& dout,
+                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                const MonarchOptions& opt);
+
+// --- Double-precision reference (materialises the N x N Monarch matrix; tests only).
+// Reads q, k, v, dout of any dtype, float64 included (for finite differences). Outputs are double,
+// contiguous, in the BSHD order: o: B*N*Hq*Dv, dq: B*N*Hq*D, dk: B*N*Hkv*D, dv: B*N*Hkv*Dv.
+namespace reference {
+void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const MonarchOptions& opt, double* o);
+void monarch_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& dout, const MonarchOptions& opt, double* dq,
+                                double* dk, double* dv);
+// The variational objective f(A) = sum over valid query rows n of
+// sum over valid keys m of (A_nm * scale * q_n.k_m - A_nm log A_nm), evaluated after every half
+// step: f[((b * Hq + h) * T + t) * 2 + 0] after the R-step of step t (t = 0..T-1), + 1 after its
+// L-step (the last one is the L that produces the output). Alternating maximisation makes it
+// non-decreasing in stable mode, and it never exceeds sum_n lse_n (the exact softmax's value).
+void monarch_objective_trace(const TensorView& q, const TensorView& k, const MonarchOptions& opt,
+                             double* f);
+}  // namespace reference
+
+}  // namespace strata

@@ -1,0 +1,41 @@
+// src/cpu/monarch_params.h: the POD parameter struct of the MonarchAttention kernels.
+// Filled by src/cpu/monarch.cpp after validation; read by every ISA variant of the kernel.
+// All strides are in elements, in the logical order (batch, seq, head, dim).
+#pragma once
+#include <cstdint>
+
+#include "cpu/attention_params.h"  // Strided4
+#include "strata/tensor.h"
+
+namespace strata::cpu {
+
+struct MonarchParams {
+  DType dtype = DType::f32;  // of q, k, v, o, dout, dq, dk, dv
+  int64_t batch = 0, seqlen = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
+  int64_t block = 1;      // B: tokens per block
+  int64_t nblocks = 0;    // M = ceil(seqlen / B)
+  int64_t pad_front = 0;  // padded positions before token 0 (padded length is M * B)
+  int64_t steps = 1;      // T
+  bool stable = true;     // MonarchMode::stable (else reference: ma_torch.py's eps arithmetic)
+  float scale = 1.f;
+  Strided4 q, k, v, o;    // q: B x N x Hq x D, k: B x N x Hkv x D, v: .. x Dv, o: B x N x Hq x Dv
+  const uint8_t* key_padding_mask = nullptr;  // B x N, nonzero = keep
+  int64_t kpm_sb = 0, kpm_ss = 0;
+  float* state = nullptr;  // optional: B x Hq x (T-1) x (M*B) x D, fp32
+  int64_t st_sb = 0, st_sh = 0, st_st = 0, st_sp = 0, st_sd = 0;
+  // backward only
+  Strided4 dout, dq, dk, dv;
+};
+
+// Per-ISA entry points (src/cpu/monarch_{avx512,avx2,scalar}.cpp).
+#define STRATA_DECLARE_MONARCH(ns)                      \
+  namespace ns {                                        \
+  void monarch_forward(const MonarchParams& p);         \
+  void monarch_backward(const MonarchParams& p);        \
+  }
+STRATA_DECLARE_MONARCH(avx512)
+STRATA_DECLARE_MONARCH(avx2)
+STRATA_DECLARE_MONARCH(scalar)
+#undef STRATA_DECLARE_MONARCH
+
+}  // namespace strata::cpu
