@@ -1,0 +1,130 @@
+// strata/mlr.h: multi-level low-rank (MLR) softmax attention on the CPU (Kuang et al., ICML 2025,
+// section "MLR attention"), flash-style: forward (O + log-sum-exp) and backward (dq, dk, dv),
+// never an Nq x Nk buffer.
+//
+// Per (batch, query head) the head dim of q and k is split into L contiguous slices of widths
+// r_1..r_L (sum = head_dim); slice l (q_l, k_l) is level l. Level l partitions positions into
+// contiguous blocks (see "Blocks"), nested: every level-l block lies inside one level-(l-1) block.
+//
+//   S[i, j] = sum over levels l with block_l(p_i) == block_l(j) of  c_l * q_l[i] . k_l[j]
+//   S      *= 1/L                      if divide_by_num_levels
+//   S      /= m(p_i, j)                if level_average (m = number of levels shared; m = 0 -> 0)
+//   masked -> -inf: j > p_i if causal;  m(p_i, j) == 0 if mask_cross_segment
+//   O = softmax_j(S) V   (dense V, head_dim_v may differ),  lse[i] = log sum_j exp(S[i, j])
+//
+// Positions: keys are at 0..seqlen_k-1; query i is at p_i = seqlen_k - seqlen_q + i (bottom-right,
+// as attention.h: prefill / decode with seqlen_q < seqlen_k).
+// Scale: c_l = 1/r_l (the reference code's, default) or 1/sqrt(head_dim) for every level.
+// A pair that shares no level has score 0 (the formula's empty sum) unless mask_cross_segment.
+//
+// Blocks (by ABSOLUTE position, so any length, prefill and decode follow from one rule):
+//   fixed sizes b_1 > b_2 > ... with b_l dividing b_{l-1}; the level-l blocks are
+//   [n*b_l, (n+1)*b_l). Default: b_l = context / 2^(l-1), context = seqlen_k rounded up to a
+//   multiple of 2^(L-1) (so T = 97 with L = 3 gives blocks 100, 50, 25), or set `context` (a
+//   multiple of 2^(L-1)), or list `block_sizes` explicitly (nested; then context must stay 0).
+//   Segments: `segment_starts` s_1 < s_2 < ... (0 < s < seqlen_k) replace the level-1 blocks by
+//   the variable-length segments [0, s_1), [s_1, s_2), ..., [s_n, inf); a finer level l >= 2 cuts
+//   each segment into blocks of b_l counted from the SEGMENT's start (the last one clipped at the
+//   segment's end). b_1 is then unused; b_l (l >= 2) must still be nested among themselves.
+// With nested blocks the levels two positions share are always 1..m, a prefix of the head dim.
+//
+// Shapes (layout BSHD; with Layout::BHSD dims 1 and 2 are swapped; any strides):
+//   q    batch x seqlen_q x heads_q  x head_dim          head_dim = r_1 + ... + r_L
+//   k    batch x seqlen_k x heads_kv x head_dim          heads_q % heads_kv == 0 (GQA, no copies)
+//   v    batch x seqlen_k x heads_kv x head_dim_v
+//   o    batch x seqlen_q x heads_q  x head_dim_v        same dtype as q
+//   lse  batch x heads_q  x seqlen_q                     float32, natural log, any strides
+// q, k, v, o and the gradients are float32 or bfloat16, all one dtype; math is fp32.
+// A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
+//
+// Cost: the kernel visits (64-query x 128-key) tiles; on a tile where every pair shares exactly
+// the levels 1..m it forms scores with a prefix dot product of length R_m = r_1+..+r_m; deeper
+// levels are added only on the rectangles (level-l block x level-l block) that need them. Score
+// FLOPs are 2 * sum over allowed pairs of R_{m(pair)}, i.e. 2 * T^2 * sum_l r_l / 2^(l-1) for
+// dyadic blocks, non-causal, against 2 * T^2 * head_dim dense (see mlr_attention_flops); P V stays
+// dense (2 * pairs * head_dim_v).
+// Backward: about 2.5x the forward, recomputing P from lse.
+// Threads: parallel over (batch, head, query tile) forward, (batch, kv head, key tile) backward.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+
+#include "strata/attention.h"
+#include "strata/tensor.h"
+
+namespace strata {
+
+enum class MlrScale : uint8_t {
+  inv_rank = 0,           // c_l = 1 / r_l (the reference code)
+  inv_sqrt_head_dim = 1,  // c_l = 1 / sqrt(head_dim)
+};
+
+struct MlrOptions {
+  static constexpr int kMaxLevels = 16;
+  int num_levels = 0;                     // L, 1..kMaxLevels
+  int64_t ranks[kMaxLevels] = {};         // r_l >= 1, l < L; sum = head_dim
+  int64_t block_sizes[kMaxLevels] = {};   // b_l; all 0 = default (context / 2^(l-1))
+  int64_t context = 0;                    // 0 = seqlen_k rounded up to a multiple of 2^(L-1)
+  const int64_t* segment_starts = nullptr;  // optional: num_segment_starts positions, increasing
+  int64_t num_segment_starts = 0;
+  bool mask_cross_segment = false;        // pairs sharing no level: -inf instead of score 0
+  MlrScale scale = MlrScale::inv_rank;
+  bool divide_by_num_levels = false;      // S *= 1/L           (ref mlr_divide_by_num_levels)
+  bool level_average = false;             // S /= m(i, j)       (ref mlr_block_divide_by_num_levels)
+  bool causal = true;                     // the reference code is always causal
+  Layout layout = Layout::BSHD;
+};
+
+// Options with the given ranks r_1..r_L and every other field at its default.
+inline MlrOptions mlr_options(std::initializer_list<int64_t> ranks) {
+  MlrOptions o;
+  for (int64_t r : ranks) {
+    if (o.num_levels == MlrOptions::kMaxLevels) throw Error("mlr_options: more than 16 levels");
+    o.ranks[o.num_levels++] = r;
+  }
+  return o;
+}
+
+// Forward: writes o and lse.
+void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& o, const TensorView& lse, const MlrOptions& opt);
+
+// Backward: given dout (shape and dtype of o) and the forward's o and lse, writes dq, dk, dv
+// (shapes and dtype of q, k, v). Recomputes the probabilities from lse; no Nq x Nk buffer.
+void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& o, const TensorView& lse, const TensorView& dout,
+                            const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                            const MlrOptions& opt);
+
+// FLOPs of one forward under performance.md's convention, counted exactly over allowed pairs.
+//   scores = 2 * B * Hq * sum over allowed pairs of the shared-prefix length R_m
+//   total  = scores + 2 * B * Hq * pairs * head_dim_v
+//   dense_scores / dense_total: the same for dense attention (R = head_dim) with the same mask
+//   (causal or not; mask_cross_segment restricts both).
+struct MlrFlops {
+  double scores = 0, total = 0, dense_scores = 0, dense_total = 0;
+};
+MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k,
+                             int64_t head_dim_v, const MlrOptions& opt);
+
+// --- Naive double-precision references (materialise Nq x Nk; tests and benchmarks only).
+// Same arguments and semantics; outputs double, contiguous, BSHD order (as attention.h's):
+//   o: B*Nq*Hq*Dv, lse: B*Hq*Nq, dq: B*Nq*Hq*D, dk: B*Nk*Hkv*D, dv: B*Nk*Hkv*Dv.
+// mlr_attention_*: the formula, per pair (each level's block membership tested on its own).
+// mlr_attention_*_blockwise: the reference code's construction: per level, the per-block
+// products Q_blk K_blk^T placed on the block diagonal of an Nq x Nk buffer, summed over levels,
+// then scaled / masked / softmaxed; gradients scattered back per level and block.
+namespace reference {
+void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const MlrOptions& opt, double* o, double* lse);
+void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& dout, const MlrOptions& opt, double* dq,
+                            double* dk, double* dv);
+void mlr_attention_forward_blockwise(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const MlrOptions& opt, double* o, double* lse);
+void mlr_attention_backward_blockwise(const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const TensorView& dout,
+                                      const MlrOptions& opt, double* dq, double* dk, double* dv);
+}  // namespace reference
+
+}  // namespace strata

@@ -1,0 +1,268 @@
+// src/cpu/mlr.cpp: the public MLR-attention entry points: argument checks (every error names the
+// argument), block sizes resolved from the options, TensorView -> MlrParams, ISA dispatch, and
+// the FLOP count. Semantics: include/strata/mlr.h.
+#include "strata/mlr.h"
+
+#include <cmath>
+#include <string>
+
+#include "cpu/mlr_params.h"
+#include "strata/cpu.h"
+
+namespace strata {
+namespace {
+
+using cpu::MlrLevels;
+using cpu::MlrParams;
+using cpu::Strided4;
+
+constexpr int64_t kMaxSeq = int64_t(1) << 24;  // positions are exact in the kernel's fp32 lanes
+
+// Logical dims (batch, seq, head, dim) of a 4-D view in the given layout.
+struct Dims4 {
+  int64_t b, s, h, d;
+};
+constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
+
+Dims4 dims(const TensorView& t, Layout l) {
+  return {t.shape[0], t.shape[kSeqDim[int(l)]], t.shape[kHeadDim[int(l)]], t.shape[3]};
+}
+Strided4 strided(const TensorView& t, Layout l) {
+  return {t.data, t.stride[0], t.stride[kSeqDim[int(l)]], t.stride[kHeadDim[int(l)]], t.stride[3]};
+}
+std::string dims_str(const Dims4& d) {
+  return detail::cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
+}
+const char* layout_str(Layout l) { return l == Layout::BSHD ? "BSHD" : "BHSD"; }
+
+void check_4d(const char* where, const char* arg, const TensorView& t, DType dtype, Layout l) {
+  STRATA_CHECK_ARG(t.ndim == 4, where, arg, detail::cat("a 4-D tensor in layout ", layout_str(l)),
+                   detail::cat(t.ndim, "-D ", t.shape_str()));
+  STRATA_CHECK_ARG(t.dtype == dtype, where, arg, detail::cat("dtype ", dtype_name(dtype), " (same as q)"),
+                   dtype_name(t.dtype));
+  STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
+}
+
+void check_shape(const char* where, const char* arg, const Dims4& got, const Dims4& want, const char* why) {
+  const bool ok = got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d;
+  STRATA_CHECK_ARG(ok, where, arg, detail::cat(dims_str(want), " ", why), dims_str(got));
+}
+
+std::string indexed(const char* name, int i) { return detail::cat(name, "[", i, "]"); }
+
+// Validates every forward argument and fills the kernel params (o/lse included).
+MlrParams make_params(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& o, const TensorView& lse, const MlrOptions& opt) {
+  STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
+  STRATA_CHECK_ARG(q.dtype == DType::f32 || q.dtype == DType::bf16, where, "q", "dtype float32 or bfloat16",
+                   dtype_name(q.dtype));
+  const Layout L = opt.layout;
+  STRATA_CHECK_ARG(L == Layout::BSHD || L == Layout::BHSD, where, "layout", "BSHD or BHSD", int(L));
+  check_4d(where, "q", q, q.dtype, L);
+  check_4d(where, "k", k, q.dtype, L);
+  check_4d(where, "v", v, q.dtype, L);
+  check_4d(where, "o", o, q.dtype, L);
+  const Dims4 dq = dims(q, L), dk = dims(k, L), dv = dims(v, L);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  check_shape(where, "k", dk, {dq.b, dk.s, dk.h, dq.d}, "(batch and head_dim of q)");
+  check_shape(where, "v", dv, {dq.b, dk.s, dk.h, dv.d}, "(batch of q, seq and heads of k)");
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  check_shape(where, "o", dims(o, L), {dq.b, dq.s, dq.h, dv.d}, "(q's batch, seq, heads; v's head_dim)");
+  STRATA_CHECK_ARG(lse.ndim == 3 && lse.shape[0] == dq.b && lse.shape[1] == dq.h && lse.shape[2] == dq.s, where,
+                   "lse", detail::cat("shape [", dq.b, ", ", dq.h, ", ", dq.s, "] (batch, heads_q, seq_q)"),
+                   lse.shape_str());
+  STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
+  STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
+  STRATA_CHECK_ARG(dq.s < kMaxSeq, where, "q", detail::cat("seq < ", kMaxSeq), dq.s);
+  STRATA_CHECK_ARG(dk.s < kMaxSeq, where, "k", detail::cat("seq < ", kMaxSeq), dk.s);
+
+  MlrParams p;
+  p.lv = cpu::resolve_mlr_levels(where, opt, dq.d, dk.s);
+  p.dtype = q.dtype;
+  p.batch = dq.b;
+  p.seqlen_q = dq.s;
+  p.seqlen_k = dk.s;
+  p.heads_q = dq.h;
+  p.heads_kv = dk.h;
+  p.head_dim = dq.d;
+  p.head_dim_v = dv.d;
+  p.q = strided(q, L);
+  p.k = strided(k, L);
+  p.v = strided(v, L);
+  p.o = strided(o, L);
+  p.lse = static_cast<float*>(lse.data);
+  p.lse_sb = lse.stride[0];
+  p.lse_sh = lse.stride[1];
+  p.lse_ss = lse.stride[2];
+  STRATA_CHECK_ARG(opt.scale == MlrScale::inv_rank || opt.scale == MlrScale::inv_sqrt_head_dim, where, "scale",
+                   "inv_rank or inv_sqrt_head_dim", int(opt.scale));
+  for (int l = 0; l < opt.num_levels; ++l) {
+    double c = opt.scale == MlrScale::inv_sqrt_head_dim ? 1.0 / std::sqrt(double(dq.d)) : 1.0 / double(opt.ranks[l]);
+    if (opt.divide_by_num_levels) c /= opt.num_levels;
+    p.level_scale[l] = float(c);
+  }
+  p.level_average = opt.level_average;
+  p.mask_cross_segment = opt.mask_cross_segment;
+  p.causal = opt.causal;
+  return p;
+}
+
+void run_forward(const MlrParams& p) {
+  switch (active_isa()) {
+    case Isa::avx512: cpu::avx512::mlr_forward(p); break;
+    case Isa::avx2: cpu::avx2::mlr_forward(p); break;
+    default: cpu::scalar::mlr_forward(p); break;
+  }
+}
+void run_backward(const MlrParams& p) {
+  switch (active_isa()) {
+    case Isa::avx512: cpu::avx512::mlr_backward(p); break;
+    case Isa::avx2: cpu::avx2::mlr_backward(p); break;
+    default: cpu::scalar::mlr_backward(p); break;
+  }
+}
+
+}  // namespace
+
+namespace cpu {
+
+MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, int64_t nk) {
+  const int L = o.num_levels;
+  STRATA_CHECK_ARG(L >= 1 && L <= MlrOptions::kMaxLevels, where, "num_levels",
+                   detail::cat("1..", MlrOptions::kMaxLevels), L);
+  MlrLevels lv;
+  lv.num_levels = L;
+  int64_t sum = 0;
+  for (int l = 0; l < MlrOptions::kMaxLevels; ++l) {
+    const std::string arg = indexed("ranks", l);
+    if (l >= L) {
+      STRATA_CHECK_ARG(o.ranks[l] == 0, where, arg.c_str(), detail::cat("0 (beyond num_levels = ", L, ")"), o.ranks[l]);
+      continue;
+    }
+    STRATA_CHECK_ARG(o.ranks[l] >= 1, where, arg.c_str(), "a rank >= 1 (every level needs a slice of the head dim)",
+                     o.ranks[l]);
+    sum += o.ranks[l];
+    lv.rank[l] = o.ranks[l];
+    lv.rank_end[l] = sum;
+  }
+  STRATA_CHECK_ARG(sum == D, where, "ranks", detail::cat("r_1 + .. + r_L = head_dim ", D, " (q's last dim)"), sum);
+
+  const bool segments = o.num_segment_starts > 0;
+  bool explicit_blocks = false;
+  for (int l = 0; l < MlrOptions::kMaxLevels; ++l) {
+    const std::string arg = indexed("block_sizes", l);
+    if (l >= L) {
+      STRATA_CHECK_ARG(o.block_sizes[l] == 0, where, arg.c_str(), detail::cat("0 (beyond num_levels = ", L, ")"),
+                       o.block_sizes[l]);
+    } else if (!(segments && l == 0)) {
+      explicit_blocks |= o.block_sizes[l] != 0;
+    }
+  }
+  const int first = segments ? 1 : 0;  // with segments, level 1's blocks are the segments
+  if (explicit_blocks) {
+    STRATA_CHECK_ARG(o.context == 0, where, "context", "0 when block_sizes are given", o.context);
+    for (int l = first; l < L; ++l) {
+      const std::string arg = indexed("block_sizes", l);
+      STRATA_CHECK_ARG(o.block_sizes[l] >= 1, where, arg.c_str(),
+                       detail::cat("a block size >= 1 (levels ", first + 1, "..", L, " all need one)"),
+                       o.block_sizes[l]);
+      if (l > first)
+        STRATA_CHECK_ARG(o.block_sizes[l - 1] % o.block_sizes[l] == 0, where, arg.c_str(),
+                         detail::cat("a divisor of block_sizes[", l - 1, "] = ", o.block_sizes[l - 1],
+                                     " (nested blocks)"),
+                         o.block_sizes[l]);
+      lv.block[l] = o.block_sizes[l];
+    }
+  } else {
+    const int64_t pow = int64_t(1) << (L - 1);
+    STRATA_CHECK_ARG(o.context >= 0, where, "context", ">= 0 (0 = seqlen_k rounded up)", o.context);
+    STRATA_CHECK_ARG(o.context % pow == 0, where, "context",
+                     detail::cat("a multiple of 2^(num_levels-1) = ", pow), o.context);
+    const int64_t ctx = o.context > 0 ? o.context : (std::max<int64_t>(nk, 1) + pow - 1) / pow * pow;
+    for (int l = first; l < L; ++l) lv.block[l] = ctx >> l;
+  }
+  if (segments) {
+    STRATA_CHECK_ARG(o.segment_starts != nullptr, where, "segment_starts",
+                     detail::cat("a pointer to ", o.num_segment_starts, " positions"), "null");
+    for (int64_t i = 0; i < o.num_segment_starts; ++i) {
+      const int64_t s = o.segment_starts[i];
+      const std::string arg = detail::cat("segment_starts[", i, "]");
+      STRATA_CHECK_ARG(s > 0 && s < nk, where, arg.c_str(),
+                       detail::cat("a position in 1..", nk - 1, " (inside the keys, not 0)"), s);
+      if (i > 0)
+        STRATA_CHECK_ARG(s > o.segment_starts[i - 1], where, arg.c_str(),
+                         detail::cat("> segment_starts[", i - 1, "] = ", o.segment_starts[i - 1], " (increasing)"), s);
+    }
+    lv.seg = o.segment_starts;
+    lv.num_seg = o.num_segment_starts;
+  } else {
+    STRATA_CHECK_ARG(o.num_segment_starts == 0, where, "num_segment_starts", ">= 0", o.num_segment_starts);
+  }
+  return lv;
+}
+
+}  // namespace cpu
+
+void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                           const TensorView& lse, const MlrOptions& opt) {
+  run_forward(make_params("mlr_attention_forward", q, k, v, o, lse, opt));
+}
+
+void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                            const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                            const TensorView& dk, const TensorView& dv, const MlrOptions& opt) {
+  const char* where = "mlr_attention_backward";
+  MlrParams p = make_params(where, q, k, v, o, lse, opt);
+  const Layout L = opt.layout;
+  check_4d(where, "dout", dout, q.dtype, L);
+  check_4d(where, "dq", dq, q.dtype, L);
+  check_4d(where, "dk", dk, q.dtype, L);
+  check_4d(where, "dv", dv, q.dtype, L);
+  check_shape(where, "dout", dims(dout, L), dims(o, L), "(same as o)");
+  check_shape(where, "dq", dims(dq, L), dims(q, L), "(same as q)");
+  check_shape(where, "dk", dims(dk, L), dims(k, L), "(same as k)");
+  check_shape(where, "dv", dims(dv, L), dims(v, L), "(same as v)");
+  p.dout = strided(dout, L);
+  p.dq = strided(dq, L);
+  p.dk = strided(dk, L);
+  p.dv = strided(dv, L);
+  run_backward(p);
+}
+
+MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k,
+                             int64_t head_dim_v, const MlrOptions& opt) {
+  const char* where = "mlr_attention_flops";
+  STRATA_CHECK_ARG(batch >= 0 && heads_q >= 0 && seqlen_q >= 0 && seqlen_k >= 0 && head_dim_v >= 0, where,
+                   "sizes", "batch, heads_q, seqlen_q, seqlen_k, head_dim_v >= 0",
+                   detail::cat(batch, ", ", heads_q, ", ", seqlen_q, ", ", seqlen_k, ", ", head_dim_v));
+  int64_t D = 0;
+  for (int l = 0; l < std::clamp(opt.num_levels, 0, MlrOptions::kMaxLevels); ++l) D += opt.ranks[l];
+  const MlrLevels lv = cpu::resolve_mlr_levels(where, opt, D, seqlen_k);
+  // Per query row: pairs sharing level l = |level-l block of p  ∩  allowed keys|.
+  double prefix_sum = 0, pairs = 0;
+  for (int64_t i = 0; i < seqlen_q; ++i) {
+    const int64_t pos = seqlen_k - seqlen_q + i;
+    const int64_t hi = opt.causal ? std::min(pos, seqlen_k - 1) : seqlen_k - 1;  // keys [0, hi]
+    if (hi < 0) continue;
+    double row_pairs = double(hi + 1);
+    for (int l = 1; l <= lv.num_levels; ++l) {
+      const MlrLevels::Block b = lv.at(l, pos);
+      const double n = double(std::max<int64_t>(0, std::min(b.end - 1, hi) - std::max<int64_t>(b.start, 0) + 1));
+      if (l == 1 && opt.mask_cross_segment) row_pairs = n;
+      prefix_sum += n * double(lv.rank[l - 1]);
+    }
+    pairs += row_pairs;
+  }
+  const double bh = double(batch) * double(heads_q);
+  MlrFlops f;
+  f.scores = 2 * bh * prefix_sum;
+  f.total = f.scores + 2 * bh * pairs * double(head_dim_v);
+  f.dense_scores = 2 * bh * pairs * double(D);
+  f.dense_total = f.dense_scores + 2 * bh * pairs * double(head_dim_v);
+  return f;
+}
+
+}  // namespace strata

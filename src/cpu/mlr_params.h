@@ -1,0 +1,95 @@
+// src/cpu/mlr_params.h: the POD parameter struct of the MLR attention kernels, and the block
+// geometry every part (kernel, flop count) derives from it.
+// Filled by src/cpu/mlr.cpp after validation (block sizes resolved, scales folded per level);
+// read by every ISA variant of src/cpu/mlr_kernel.inc. Strides in elements, logical order
+// (batch, seq, head, dim). Semantics: include/strata/mlr.h.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/attention_params.h"  // Strided4
+#include "strata/mlr.h"
+#include "strata/tensor.h"
+
+namespace strata::cpu {
+
+constexpr int kMlrMaxLevels = 16;
+
+// Level geometry: top-level (level-1) blocks are the segments, or fixed blocks of block[0];
+// level l >= 2 cuts its top-level block into blocks of block[l-1] counted from the top block's
+// start, the last one clipped at its end. Positions below 0 form one top block (-inf, 0).
+struct MlrLevels {
+  int num_levels = 0;                   // L
+  int64_t rank[kMlrMaxLevels] = {};     // r_l
+  int64_t rank_end[kMlrMaxLevels] = {}; // R_l = r_1 + .. + r_l  (slice l = [R_l - r_l, R_l))
+  int64_t block[kMlrMaxLevels] = {};    // b_l; block[0] = 0 when segments define level 1
+  const int64_t* seg = nullptr;         // segment starts, strictly increasing, in (0, seqlen_k)
+  int64_t num_seg = 0;
+
+  struct Block {
+    int64_t start, end;  // [start, end)
+  };
+  static constexpr int64_t kFar = int64_t(1) << 60;
+
+  static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+  // The level-1 block containing position x.
+  Block top(int64_t x) const {
+    if (block[0] > 0) {
+      const int64_t s = floor_div(x, block[0]) * block[0];
+      return {s, s + block[0]};
+    }
+    if (x < 0) return {-kFar, 0};
+    const int64_t n = std::upper_bound(seg, seg + num_seg, x) - seg;  // segments starting <= x
+    return {n == 0 ? 0 : seg[n - 1], n < num_seg ? seg[n] : kFar};
+  }
+  // The level-l block (l = 1..L) containing position x.
+  Block at(int l, int64_t x) const {
+    const Block t = top(x);
+    if (l == 1) return t;
+    const int64_t b = block[l - 1];
+    const int64_t s = t.start + floor_div(x - t.start, b) * b;
+    return {s, std::min(s + b, t.end)};
+  }
+  // Number of levels shared by EVERY pair of positions in [lo, hi] (lo <= hi): the blocks are
+  // contiguous and nested, so this is the deepest level whose block holds both ends.
+  int shared(int64_t lo, int64_t hi) const {
+    int m = 0;
+    while (m < num_levels && at(m + 1, lo).end > hi) ++m;
+    return m;
+  }
+};
+
+struct MlrParams {
+  DType dtype = DType::f32;  // of q, k, v, o, dout, dq, dk, dv
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
+  int64_t head_dim = 0, head_dim_v = 0;
+  Strided4 q, k, v, o;       // q: B x Nq x Hq x D, k: B x Nk x Hkv x D, v/o: .. x Dv
+  float* lse = nullptr;      // B x Hq x Nq (natural log)
+  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  MlrLevels lv;
+  float level_scale[kMlrMaxLevels] = {};  // c_l, times 1/L if divide_by_num_levels
+  bool level_average = false;
+  bool mask_cross_segment = false;
+  bool causal = true;
+  // backward only
+  Strided4 dout, dq, dk, dv;
+};
+
+// Validates the level options of `opt` (num_levels, ranks, block_sizes, context, segment_starts)
+// against head_dim and seqlen_k, throwing strata::Error that names the argument; returns the
+// resolved geometry (block sizes from the default rule when not given). src/cpu/mlr.cpp.
+MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k);
+
+// Per-ISA entry points (src/cpu/mlr_{avx512,avx2,scalar}.cpp).
+#define STRATA_DECLARE_MLR(ns)                  \
+  namespace ns {                                \
+  void mlr_forward(const MlrParams& p);         \
+  void mlr_backward(const MlrParams& p);        \
+  }
+STRATA_DECLARE_MLR(avx512)
+STRATA_DECLARE_MLR(avx2)
+STRATA_DECLARE_MLR(scalar)
+#undef STRATA_DECLARE_MLR
+
+}  // namespace strata::cpu

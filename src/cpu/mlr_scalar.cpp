@@ -1,0 +1,19 @@
+// src/cpu/mlr_scalar.cpp: the MLR attention kernel compiled for ISA level 0 (scalar).
+// Compiled with this ISA's -m flags (cmake/strata_mlr.cmake); called only after run-time dispatch.
+#define STRATA_ISA_LEVEL 0
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cpu/mlr_params.h"
+#include "strata/threading.h"
+
+namespace strata::cpu::scalar {
+#include "core/simd.h"
+#include "cpu/mlr_kernel.inc"
+}  // namespace strata::cpu::scalar

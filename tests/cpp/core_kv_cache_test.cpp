@@ -1,0 +1,223 @@
+// tests/cpp/core_kv_cache_test.cpp: the MLR decode cache. Decoding a batch of sequences of
+// different lengths (prefill, then one token at a time) must reproduce, row by row, the full MLR
+// forward over each sequence, across every level's block transitions (blocks 64/32/16/8 over up
+// to 150 tokens, so level 1 changes block too); plus its memory figures and bad input.
+//
+// Tolerance: the cache and the kernel sum the same fp32 terms in different orders (and the kernel
+// uses exp2 of base-2 logits): 2e-5 normwise as core_mlr_test.cpp's forward. bf16: both round
+// the output to bf16 (one ulp apart at most, 2^-8 = 4e-3): 1e-2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/kv_cache.h"
+#include "strata/mlr.h"
+#include "test_util.h"
+
+namespace strata {
+namespace {
+
+using test::Owned4;
+
+struct Seq {  // one sequence's full q, k, v and the full forward's o, lse
+  Owned4 q, k, v, o;
+  std::vector<float> lse;
+};
+
+struct DecodeCase {
+  const char* name;
+  MlrOptions opt;
+  DType dtype = DType::f32;
+};
+
+void run_decode(const DecodeCase& dc, const std::vector<int64_t>& total, const std::vector<int64_t>& prompt,
+                int64_t max_seqlen) {
+  SCOPED_TRACE(dc.name);
+  const int64_t B = int64_t(total.size()), Hq = 4, Hkv = 2, Dv = 12;
+  const MlrOptions& opt = dc.opt;
+  int64_t D = 0;
+  for (int l = 0; l < opt.num_levels; ++l) D += opt.ranks[l];
+  const Layout L = opt.layout;
+  std::mt19937 rng(11);
+  std::vector<Seq> seqs(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    Seq& s = seqs[size_t(b)];
+    const int64_t T = total[size_t(b)];
+    s.q = Owned4(1, T, Hq, D, dc.dtype, L);
+    s.k = Owned4(1, T, Hkv, D, dc.dtype, L);
+    s.v = Owned4(1, T, Hkv, Dv, dc.dtype, L);
+    s.o = Owned4(1, T, Hq, Dv, dc.dtype, L);
+    s.q.fill_random(rng, -2, 2);
+    s.k.fill_random(rng, -2, 2);
+    s.v.fill_random(rng);
+    s.lse.resize(size_t(Hq * T));
+    mlr_attention_forward(s.q.view, s.k.view, s.v.view, s.o.view, TensorView(s.lse.data(), DType::f32, {1, Hq, T}),
+                          opt);
+  }
+  MlrKvCache cache(B, Hkv, Dv, max_seqlen, opt);
+  // Copies rows [from, from + n[b]) of every sequence's t (k or v) into a batch tensor.
+  auto gather = [&](Owned4 Seq::*field, int64_t heads, int64_t d, const std::vector<int64_t>& from,
+                    const std::vector<int64_t>& n) {
+    const int64_t rows = std::max<int64_t>(1, *std::max_element(n.begin(), n.end()));
+    Owned4 out(B, rows, heads, d, dc.dtype, L);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n[size_t(b)]; ++i)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t c = 0; c < d; ++c) {
+            int64_t idx[4] = {b, i, h, c};
+            if (L == Layout::BHSD) std::swap(idx[1], idx[2]);
+            out.view.set(idx, (seqs[size_t(b)].*field).at(0, from[size_t(b)] + i, h, c, L));
+          }
+    return out;
+  };
+  const double tol = dc.dtype == DType::bf16 ? 1e-2 : 2e-5;
+  double max_err = 0, max_lse_err = 0;
+  int checked = 0;
+  auto check = [&] {  // one decode query per sequence: the last token's row of the full forward
+    std::vector<int64_t> pos(static_cast<size_t>(B)), one(static_cast<size_t>(B), 1);
+    for (int64_t b = 0; b < B; ++b) pos[size_t(b)] = cache.length(b) - 1;
+    Owned4 q = gather(&Seq::q, Hq, D, pos, one);
+    Owned4 o(B, 1, Hq, Dv, dc.dtype, L);
+    std::vector<float> lse(size_t(B * Hq));
+    cache.attend(q.view, o.view, TensorView(lse.data(), DType::f32, {B, Hq, 1}));
+    for (int64_t b = 0; b < B; ++b) {
+      const Seq& s = seqs[size_t(b)];
+      const int64_t t = pos[size_t(b)];
+      double err = 0, mx = 1e-6;
+      for (int64_t h = 0; h < Hq; ++h) {
+        for (int64_t c = 0; c < Dv; ++c) {
+          const double want = s.o.at(0, t, h, c, L);
+          err = std::max(err, std::fabs(o.at(b, 0, h, c, L) - want));
+          mx = std::max(mx, std::fabs(want));
+        }
+        const double lw = s.lse[size_t(h * total[size_t(b)] + t)];
+        max_lse_err = std::max(max_lse_err, std::fabs(lse[size_t(b * Hq + h)] - lw) / std::max(1.0, std::fabs(lw)));
+      }
+      max_err = std::max(max_err, err / mx);
+      ++checked;
+    }
+  };
+  std::vector<int64_t> zero(static_cast<size_t>(B), 0);
+  {  // prefill
+    Owned4 k = gather(&Seq::k, Hkv, D, zero, prompt), v = gather(&Seq::v, Hkv, Dv, zero, prompt);
+    cache.append(k.view, v.view, prompt.data());
+    check();
+  }
+  for (;;) {  // one token at a time; finished sequences append nothing
+    std::vector<int64_t> from(static_cast<size_t>(B)), n(static_cast<size_t>(B));
+    bool any = false;
+    for (int64_t b = 0; b < B; ++b) {
+      from[size_t(b)] = cache.length(b);
+      n[size_t(b)] = cache.length(b) < total[size_t(b)] ? 1 : 0;
+      any |= n[size_t(b)] > 0;
+    }
+    if (!any) break;
+    Owned4 k = gather(&Seq::k, Hkv, D, from, n), v = gather(&Seq::v, Hkv, Dv, from, n);
+    cache.append(k.view, v.view, n.data());
+    check();
+  }
+  for (int64_t b = 0; b < B; ++b) EXPECT_EQ(cache.length(b), total[size_t(b)]);
+  int64_t steps = 0;
+  for (int64_t b = 0; b < B; ++b) steps = std::max(steps, total[size_t(b)] - prompt[size_t(b)]);
+  EXPECT_EQ(checked, B * (1 + steps));  // every row after the prompt was compared
+  EXPECT_LE(max_err, tol);
+  EXPECT_LE(max_lse_err, 1e-5);
+}
+
+MlrOptions base_options() {
+  MlrOptions o = mlr_options({8, 4, 2, 2});
+  o.context = 64;  // blocks 64, 32, 16, 8
+  return o;
+}
+
+TEST(MlrKvCache, DecodeEqualsFullForwardAcrossBlockTransitions) {
+  std::vector<DecodeCase> cases;
+  cases.push_back({"default scales", base_options()});
+  DecodeCase c{"level average, divide by L, BHSD", base_options()};
+  c.opt.level_average = true;
+  c.opt.divide_by_num_levels = true;
+  c.opt.layout = Layout::BHSD;
+  cases.push_back(c);
+  c = {"mask across top-level blocks, sqrt scale", base_options()};
+  c.opt.mask_cross_segment = true;
+  c.opt.scale = MlrScale::inv_sqrt_head_dim;
+  cases.push_back(c);
+  c = {"explicit blocks, bf16", base_options()};
+  c.opt.context = 0;
+  c.opt.block_sizes[0] = 48;
+  c.opt.block_sizes[1] = 24;
+  c.opt.block_sizes[2] = 6;
+  c.opt.block_sizes[3] = 3;
+  c.dtype = DType::bf16;
+  cases.push_back(c);
+  for (const DecodeCase& dc : cases) run_decode(dc, {150, 97, 40}, {5, 33, 1}, 160);
+}
+
+TEST(MlrKvCache, DefaultContextComesFromMaxSeqlen) {
+  // With context 0 the cache takes max_seqlen (100 -> 104 for 4 levels), as a full forward over
+  // max_seqlen tokens does: a sequence that fills the cache decodes to that forward's rows.
+  DecodeCase dc{"default context", mlr_options({8, 4, 2, 2})};
+  run_decode(dc, {100}, {10}, 100);
+}
+
+TEST(MlrKvCache, MemoryKeepsOnlyTheCurrentBlocks) {
+  // 8 levels of 8, dyadic over a 4096 context: keys 4096 * 15.94 per head instead of 4096 * 64.
+  MlrOptions o = mlr_options({8, 8, 8, 8, 8, 8, 8, 8});
+  const int64_t B = 2, Hkv = 3, Dv = 64, T = 4096;
+  MlrKvCache cache(B, Hkv, Dv, T, o);
+  int64_t per_head = 0;
+  for (int l = 0; l < 8; ++l) per_head += (T >> l) * 8;
+  EXPECT_EQ(cache.key_bytes(), B * Hkv * per_head * 4);
+  EXPECT_EQ(cache.value_bytes(), B * Hkv * T * Dv * 4);
+  EXPECT_EQ(cache.dense_key_bytes(), B * Hkv * T * 64 * 4);
+  EXPECT_NEAR(double(cache.dense_key_bytes()) / double(cache.key_bytes()), 64 / 15.9375, 1e-12);
+  EXPECT_EQ(cache.memory_bytes(), cache.key_bytes() + cache.value_bytes());
+  // blocks larger than the cache are capped at max_seqlen slots
+  MlrKvCache small(1, 1, 4, 10, o);
+  EXPECT_EQ(small.key_bytes(), (10 + 10 + 10 + 10 + 8 + 4 + 2 + 1) * 8 * 4);  // blocks 128..1, capped at 10
+}
+
+TEST(MlrKvCache, BadInput) {
+  MlrOptions o = mlr_options({4, 4});
+  auto expect_error = [](auto fn, const std::vector<std::string>& needles) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error thrown";
+    } catch (const Error& e) {
+      for (const auto& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+    }
+  };
+  const int64_t segs[] = {4};
+  MlrOptions seg = o;
+  seg.segment_starts = segs;
+  seg.num_segment_starts = 1;
+  expect_error([&] { MlrKvCache c(1, 1, 4, 16, seg); }, {"'segment_starts'"});
+  MlrOptions full = o;
+  full.causal = false;
+  expect_error([&] { MlrKvCache c(1, 1, 4, 16, full); }, {"'causal'"});
+  MlrOptions zero = mlr_options({4, 0});
+  expect_error([&] { MlrKvCache c(1, 1, 4, 16, zero); }, {"'ranks[1]'"});
+
+  MlrKvCache cache(2, 1, 4, 16, o);
+  std::vector<float> buf(2 * 20 * 8, 0.25f);
+  TensorView k(buf.data(), DType::f32, {2, 10, 1, 8}), v(buf.data(), DType::f32, {2, 10, 1, 4});
+  const int64_t n_ok[] = {10, 3}, n_big[] = {10, 7};
+  cache.append(k, v, n_ok);
+  expect_error([&] { cache.append(k, v, n_big); }, {"'n_new[0]'", "at most 6", "got 10"});
+  TensorView k_bad(buf.data(), DType::f32, {2, 10, 1, 7});
+  expect_error([&] { cache.append(k_bad, v, n_ok); }, {"'k'", "dim=8", "dim=7"});
+  std::vector<float> qb(2 * 3 * 8), ob(2 * 3 * 4), lse(6);
+  TensorView q(qb.data(), DType::f32, {2, 1, 3, 8}), out(ob.data(), DType::f32, {2, 1, 3, 4});
+  EXPECT_NO_THROW(cache.attend(q, out, TensorView(lse.data(), DType::f32, {2, 3, 1})));
+  TensorView q2(qb.data(), DType::f32, {2, 2, 3, 8});
+  expect_error([&] { cache.attend(q2, out, TensorView(lse.data(), DType::f32, {2, 3, 1})); },
+               {"'q'", "seq=1", "seq=2"});
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,774 @@
+// tests/cpp/core_mlr_test.cpp: the MLR attention CPU kernel (every ISA this CPU has) against the
+// two double-precision references (per-pair formula, and the reference code's block-diagonal
+// construction), which must also agree with each other; over awkward lengths, 1..8 levels,
+// random rank splits, custom block lists, segment boundaries, every scale option, causal or not,
+// GQA, fp32/bf16, BHSD and strided views; forward output, lse and all three gradients. Plus:
+// L = 1 against the dense kernel, a finite-difference check of the references' gradients, the
+// default block rule, empty rows, threads, the FLOP count, and bad input.
+//
+// Tolerances (normwise: max abs error / max abs reference value), as core_attention_test.cpp:
+//   fp32: 2e-5 forward, 1e-4 gradients. fp32 round-off in dot products of length <= head_dim and
+//   sums over <= Nk ~ 1e3 keys grows like eps * sqrt(n) ~ 1e-6; exp2's polynomial adds < 2e-8.
+//   MLR adds nothing new in kind: per-level partial sums (prefix + rectangles) are fp32 sums of
+//   the same terms in another order; q is multiplied by c_l in fp32 (one more rounding, 6e-8).
+//   Gradients subtract D_i = rowsum(dO*O) from dP (cancellation), so allow 5x more.
+//   bf16: inputs are exactly representable for both sides; the kernel rounds its OUTPUT to bf16
+//   (relative 2^-9 = 2e-3); 1e-2 forward, 2e-2 gradients.
+//   Gradient errors are divided by max(max |ref|, 1e-2) (rows with one allowed key have exactly
+//   zero dq/dk whose fp32 round-off must not be divided by ~0).
+//   The two references are both double: they agree to 1e-11 (different summation orders only).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/attention.h"
+#include "strata/cpu.h"
+#include "strata/mlr.h"
+#include "strata/threading.h"
+#include "test_util.h"
+
+namespace strata {
+namespace {
+
+using test::Owned4;
+
+struct Case {
+  int64_t B = 1, Nq = 7, Nk = 7, Hq = 2, Hkv = 1, Dv = 16;
+  std::vector<int64_t> ranks = {8, 8};
+  std::vector<int64_t> blocks;  // empty: default rule
+  int64_t context = 0;
+  std::vector<int64_t> segs;
+  bool mask_cross = false, div = false, avg = false, causal = true;
+  MlrScale scale = MlrScale::inv_rank;
+  DType dtype = DType::f32;
+  Layout layout = Layout::BSHD;
+  int64_t gap = 0, dim_stride = 1;
+  bool grads = true;
+  int64_t D() const {
+    int64_t d = 0;
+    for (int64_t r : ranks) d += r;
+    return d;
+  }
+  std::string name() const {
+    std::string r = "r";
+    for (int64_t x : ranks) r += detail::cat(x, "_");
+    std::string bl;
+    for (int64_t x : blocks) bl += detail::cat(x, "_");
+    return detail::cat("B", B, "_Nq", Nq, "_Nk", Nk, "_Hq", Hq, "_Hkv", Hkv, "_Dv", Dv, "_", r,
+                       blocks.empty() ? std::string() : "b" + bl, context ? detail::cat("ctx", context, "_") : "",
+                       segs.empty() ? std::string() : detail::cat("seg", segs.size(), "_"),
+                       mask_cross ? "xmask_" : "", div ? "div_" : "", avg ? "avg_" : "",
+                       scale == MlrScale::inv_sqrt_head_dim ? "isqrt_" : "", causal ? "causal_" : "full_",
+                       dtype_name(dtype), layout == Layout::BSHD ? "_bshd" : "_bhsd", gap ? "_gap" : "",
+                       dim_stride > 1 ? "_dstride" : "");
+  }
+  MlrOptions options() const {
+    MlrOptions o;
+    o.num_levels = int(ranks.size());
+    for (size_t l = 0; l < ranks.size(); ++l) o.ranks[l] = ranks[l];
+    for (size_t l = 0; l < blocks.size(); ++l) o.block_sizes[l] = blocks[l];
+    o.context = context;
+    o.segment_starts = segs.empty() ? nullptr : segs.data();
+    o.num_segment_starts = int64_t(segs.size());
+    o.mask_cross_segment = mask_cross;
+    o.scale = scale;
+    o.divide_by_num_levels = div;
+    o.level_average = avg;
+    o.causal = causal;
+    o.layout = layout;
+    return o;
+  }
+};
+
+std::vector<Isa> isas_to_test(const Case& c) {
+  std::vector<Isa> out;
+  const double work = double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B;
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
+    try {
+      set_isa(isa);
+    } catch (const Error&) {
+      continue;
+    }
+    // scalar (std::fma calls, W = 1) is slow, under ASan very: small cases only (most of them)
+    if (isa == Isa::scalar && work > 1.5e6 && !out.empty()) continue;
+    out.push_back(isa);
+  }
+  return out;
+}
+
+void restore_best_isa() {
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
+    try {
+      set_isa(isa);
+      return;
+    } catch (const Error&) {
+    }
+  }
+}
+
+// max |a - b| / max(max |b|, floor) over two double vectors (non-finite entries must match).
+double vec_rel_err(const std::vector<double>& a, const std::vector<double>& b, double floor = 1e-6) {
+  double num = 0, den = floor;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
+    num = std::max(num, std::fabs(a[i] - b[i]));
+    den = std::max(den, std::fabs(b[i]));
+  }
+  return num / den;
+}
+
+struct RefResult {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+RefResult run_reference(const Case& c, const Owned4& q, const Owned4& k, const Owned4& v, const Owned4& g,
+                        bool blockwise) {
+  const MlrOptions opt = c.options();
+  RefResult r;
+  r.o.resize(size_t(c.B * c.Nq * c.Hq * c.Dv));
+  r.lse.resize(size_t(c.B * c.Hq * c.Nq));
+  (blockwise ? reference::mlr_attention_forward_blockwise : reference::mlr_attention_forward)(
+      q.view, k.view, v.view, opt, r.o.data(), r.lse.data());
+  if (c.grads) {
+    r.dq.resize(size_t(c.B * c.Nq * c.Hq * c.D()));
+    r.dk.resize(size_t(c.B * c.Nk * c.Hkv * c.D()));
+    r.dv.resize(size_t(c.B * c.Nk * c.Hkv * c.Dv));
+    (blockwise ? reference::mlr_attention_backward_blockwise : reference::mlr_attention_backward)(
+        q.view, k.view, v.view, g.view, opt, r.dq.data(), r.dk.data(), r.dv.data());
+  }
+  return r;
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.name());
+  std::mt19937 rng(4321 + unsigned(c.Nq * 31 + c.Nk * 7 + c.D() * 3 + c.ranks.size()));
+  const Layout L = c.layout;
+  const int64_t D = c.D();
+  Owned4 q(c.B, c.Nq, c.Hq, D, c.dtype, L, c.gap, c.dim_stride);
+  Owned4 k(c.B, c.Nk, c.Hkv, D, c.dtype, L, c.gap, c.dim_stride);
+  Owned4 v(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap, c.dim_stride);
+  Owned4 g(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L);
+  // q, k wider than U(-1, 1): the 1/r_l scale makes logits small; this keeps P far from uniform.
+  q.fill_random(rng, -2, 2);
+  k.fill_random(rng, -2, 2);
+  v.fill_random(rng);
+  g.fill_random(rng);
+  const MlrOptions opt = c.options();
+
+  const RefResult ra = run_reference(c, q, k, v, g, false), rb = run_reference(c, q, k, v, g, true);
+  {  // the two references pin the same semantics
+    EXPECT_LE(vec_rel_err(rb.o, ra.o), 1e-11) << "references disagree: o";
+    EXPECT_LE(vec_rel_err(rb.lse, ra.lse, 1.0), 1e-11) << "references disagree: lse";
+    if (c.grads) {
+      EXPECT_LE(vec_rel_err(rb.dq, ra.dq, 1e-2), 1e-11) << "references disagree: dq";
+      EXPECT_LE(vec_rel_err(rb.dk, ra.dk, 1e-2), 1e-11) << "references disagree: dk";
+      EXPECT_LE(vec_rel_err(rb.dv, ra.dv, 1e-2), 1e-11) << "references disagree: dv";
+    }
+  }
+  const bool bf = c.dtype == DType::bf16;
+  const double tol_f = bf ? 1e-2 : 2e-5, tol_b = bf ? 2e-2 : 1e-4;
+
+  for (Isa isa : isas_to_test(c)) {
+    SCOPED_TRACE(isa_name(isa));
+    set_isa(isa);
+    Owned4 o(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L, c.gap);
+    std::vector<float> lse(size_t(c.B * c.Hq * c.Nq), 123.f);
+    TensorView lv(lse.data(), DType::f32, {c.B, c.Hq, c.Nq});
+    mlr_attention_forward(q.view, k.view, v.view, o.view, lv, opt);
+    EXPECT_LE(test::rel_err(o, L, ra.o, c.B, c.Nq, c.Hq, c.Dv), tol_f) << "vs the per-pair reference";
+    EXPECT_LE(test::rel_err(o, L, rb.o, c.B, c.Nq, c.Hq, c.Dv), tol_f) << "vs the block-diagonal reference";
+    double lerr = 0;
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(ra.lse[i])) {
+        EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i << " should be empty (lse -inf)";
+      } else {
+        lerr = std::max(lerr, std::fabs(lse[i] - ra.lse[i]) / std::max(1.0, std::fabs(ra.lse[i])));
+      }
+    }
+    EXPECT_LE(lerr, 1e-5) << "lse";
+    if (!c.grads) continue;
+    Owned4 dq(c.B, c.Nq, c.Hq, D, c.dtype, L, c.gap), dk(c.B, c.Nk, c.Hkv, D, c.dtype, L, c.gap);
+    Owned4 dv(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap);
+    mlr_attention_backward(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
+    EXPECT_LE(test::rel_err(dq, L, ra.dq, c.B, c.Nq, c.Hq, D, 1e-2), tol_b) << "dq";
+    EXPECT_LE(test::rel_err(dk, L, ra.dk, c.B, c.Nk, c.Hkv, D, 1e-2), tol_b) << "dk";
+    EXPECT_LE(test::rel_err(dv, L, ra.dv, c.B, c.Nk, c.Hkv, c.Dv, 1e-2), tol_b) << "dv";
+    EXPECT_LE(test::rel_err(dq, L, rb.dq, c.B, c.Nq, c.Hq, D, 1e-2), tol_b) << "dq (block-diagonal reference)";
+    EXPECT_LE(test::rel_err(dk, L, rb.dk, c.B, c.Nk, c.Hkv, D, 1e-2), tol_b) << "dk (block-diagonal reference)";
+  }
+}
+
+class MlrSweep : public ::testing::TestWithParam<Case> {
+ protected:
+  void TearDown() override { restore_best_isa(); }
+};
+TEST_P(MlrSweep, MatchesBothReferences) { run_case(GetParam()); }
+
+// A random split of d into L ranks >= 1.
+std::vector<int64_t> random_split(std::mt19937& rng, int64_t d, int L) {
+  std::vector<int64_t> cuts;
+  while (int(cuts.size()) < L - 1) {
+    const int64_t x = 1 + int64_t(rng() % uint32_t(d - 1));
+    if (std::find(cuts.begin(), cuts.end(), x) == cuts.end()) cuts.push_back(x);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int64_t> r;
+  int64_t prev = 0;
+  for (int64_t x : cuts) {
+    r.push_back(x - prev);
+    prev = x;
+  }
+  r.push_back(d - prev);
+  return r;
+}
+
+std::vector<Case> length_cases() {
+  std::vector<Case> v;
+  std::mt19937 rng(99);
+  for (int64_t n : {1, 7, 97, 256, 1000, 1025})
+    for (bool causal : {false, true}) {
+      if (n >= 1000 && !causal) continue;  // the long ones: few (the references are O(T^2))
+      Case c;
+      c.Nq = c.Nk = n;
+      c.Hq = n >= 1000 ? 1 : 2;
+      c.Dv = 32;
+      c.ranks = random_split(rng, 32, n >= 1000 ? 6 : 4);
+      c.causal = causal;
+      v.push_back(c);
+    }
+  return v;
+}
+
+std::vector<Case> level_cases() {  // L = 1..8, random splits, both mask modes
+  std::vector<Case> v;
+  std::mt19937 rng(7);
+  for (int L = 1; L <= 8; ++L)
+    for (int64_t n : {97, 256}) {
+      Case c;
+      c.Nq = c.Nk = n;
+      c.Dv = 24;
+      c.ranks = random_split(rng, L == 1 ? 16 : 40, L);
+      c.causal = (L + n) % 2 == 0;
+      v.push_back(c);
+    }
+  Case c;  // 8 levels of 8 at T = 256: the dyadic case of the paper (blocks 256 .. 2)
+  c.Nq = c.Nk = 256;
+  c.ranks = std::vector<int64_t>(8, 8);
+  c.Dv = 64;
+  v.push_back(c);
+  c.causal = false;
+  c.avg = true;
+  v.push_back(c);
+  return v;
+}
+
+std::vector<Case> block_cases() {  // custom block lists, context, segments
+  std::vector<Case> v;
+  auto base = [] {
+    Case c;
+    c.Nq = c.Nk = 97;
+    c.ranks = {6, 4, 3, 3};
+    c.Dv = 16;
+    return c;
+  };
+  for (bool causal : {false, true}) {
+    Case c = base();
+    c.causal = causal;
+    c.blocks = {96, 48, 12, 3};  // T not a multiple of the top block
+    v.push_back(c);
+    c.blocks = {64, 64, 16, 1};  // equal neighbours and size-1 blocks are nested too
+    v.push_back(c);
+    c.blocks = {32, 16, 8, 4};   // top block < T: pairs in different top blocks share nothing
+    v.push_back(c);
+    c.mask_cross = true;         // ... or are masked
+    v.push_back(c);
+    c.avg = true;
+    v.push_back(c);
+    c = base();
+    c.causal = causal;
+    c.context = 512;  // blocks 512, 256, 128, 64 for a 97-token sequence
+    v.push_back(c);
+    c.context = 40;   // T > context: level 1 has 3 blocks (40, 40, 17)
+    c.ranks = {5, 5, 3, 3};
+    v.push_back(c);
+  }
+  for (bool mask : {false, true})
+    for (bool causal : {false, true}) {
+      Case c = base();
+      c.causal = causal;
+      c.mask_cross = mask;
+      c.segs = {10, 40, 41, 90};  // a one-token segment, and one at the end
+      v.push_back(c);
+      c.blocks = {0, 16, 4, 2};   // level-1 size unused with segments
+      c.avg = mask;
+      v.push_back(c);
+      c.Nq = c.Nk = 300;          // segments longer and shorter than the 128-key tiles
+      c.segs = {5, 130, 131, 200, 263};
+      c.blocks = {0, 64, 32, 8};
+      c.div = true;
+      v.push_back(c);
+    }
+  return v;
+}
+
+std::vector<Case> scale_cases() {  // every scale option, causal and not
+  std::vector<Case> v;
+  for (MlrScale s : {MlrScale::inv_rank, MlrScale::inv_sqrt_head_dim})
+    for (bool div : {false, true})
+      for (bool avg : {false, true})
+        for (bool causal : {false, true}) {
+          Case c;
+          c.Nq = c.Nk = 150;
+          c.ranks = {12, 8, 4, 4, 2, 2};
+          c.Dv = 20;
+          c.scale = s;
+          c.div = div;
+          c.avg = avg;
+          c.causal = causal;
+          v.push_back(c);
+        }
+  return v;
+}
+
+std::vector<Case> shape_cases() {  // GQA, dtypes, layouts, strides, Nq != Nk, head dims
+  std::vector<Case> v;
+  for (int64_t ratio : {1, 2, 4})
+    for (DType t : {DType::f32, DType::bf16}) {
+      Case c;
+      c.Hq = 4;
+      c.Hkv = 4 / ratio;
+      c.Nq = c.Nk = 130;
+      c.ranks = {16, 8, 4, 4};
+      c.Dv = 32;
+      c.dtype = t;
+      c.avg = ratio == 2;
+      v.push_back(c);
+    }
+  for (Layout l : {Layout::BSHD, Layout::BHSD})
+    for (int64_t gap : {0, 5})
+      for (int64_t ds : {1, 2})
+        for (DType t : {DType::f32, DType::bf16}) {
+          Case c;
+          c.B = 2;
+          c.layout = l;
+          c.gap = gap;
+          c.dim_stride = ds;
+          c.dtype = t;
+          c.Nq = 97;
+          c.Nk = 131;
+          c.Hq = 4;
+          c.Hkv = 2;
+          c.ranks = {32, 20, 7};  // head dim 59
+          c.Dv = 48;
+          c.causal = gap == 0;
+          c.segs = ds > 1 ? std::vector<int64_t>{50} : std::vector<int64_t>{};
+          v.push_back(c);
+        }
+  for (auto [nq, nk] : {std::pair<int64_t, int64_t>{37, 97}, {1, 200}, {97, 37}, {64, 300}})
+    for (bool causal : {false, true}) {
+      Case c;  // bottom-right alignment: query i at position nk - nq + i
+      c.Nq = nq;
+      c.Nk = nk;
+      c.ranks = {8, 4, 4};
+      c.causal = causal;
+      c.segs = nk == 300 ? std::vector<int64_t>{100, 250} : std::vector<int64_t>{};
+      c.mask_cross = nk == 300 && causal;
+      v.push_back(c);
+    }
+  Case c;  // tiny and unequal head dims
+  c.Nq = c.Nk = 33;
+  c.ranks = {1, 1, 1};
+  c.Dv = 3;
+  v.push_back(c);
+  c.ranks = {100, 28};  // head dim 128, two levels
+  c.Dv = 72;
+  c.Nq = c.Nk = 200;
+  v.push_back(c);
+  return v;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return detail::cat("c", i.index, "_", i.param.name());
+}
+
+INSTANTIATE_TEST_SUITE_P(Lengths, MlrSweep, ::testing::ValuesIn(length_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Levels, MlrSweep, ::testing::ValuesIn(level_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Blocks, MlrSweep, ::testing::ValuesIn(block_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Scales, MlrSweep, ::testing::ValuesIn(scale_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, MlrSweep, ::testing::ValuesIn(shape_cases()), case_name);
+
+// ---- L = 1 is dense attention ------------------------------------------------------------------
+// The MLR kernel handles L = 1 itself (it is not routed to the dense kernel), so the two agree to
+// fp32 round-off, not bitwise: q is scaled by c_1 before the dot product here, after it there.
+
+TEST(Mlr, OneLevelEqualsDenseAttention) {
+  const int64_t N = 300, H = 2, D = 40, Dv = 24;
+  std::mt19937 rng(17);
+  Owned4 q(1, N, H, D, DType::f32, Layout::BSHD), k(1, N, H, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, N, H, Dv, DType::f32, Layout::BSHD), g(1, N, H, Dv, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v, &g}) t->fill_random(rng, -2, 2);
+  for (bool causal : {false, true})
+    for (MlrScale s : {MlrScale::inv_rank, MlrScale::inv_sqrt_head_dim}) {
+      SCOPED_TRACE(detail::cat("causal=", causal, " scale=", int(s)));
+      MlrOptions mo = mlr_options({D});
+      mo.causal = causal;
+      mo.scale = s;
+      AttentionOptions ao;
+      ao.causal = causal;
+      ao.scale = s == MlrScale::inv_rank ? 1.f / float(D) : 1.f / std::sqrt(float(D));
+      Owned4 o1(1, N, H, Dv, DType::f32, Layout::BSHD), o2 = o1;
+      o2.view.data = o2.buf.data();
+      std::vector<float> l1(size_t(H * N)), l2(l1.size());
+      TensorView lv1(l1.data(), DType::f32, {1, H, N}), lv2(l2.data(), DType::f32, {1, H, N});
+      mlr_attention_forward(q.view, k.view, v.view, o1.view, lv1, mo);
+      attention_forward(q.view, k.view, v.view, o2.view, lv2, ao);
+      double err = 0, mx = 0;
+      for (size_t i = 0; i < o1.buf.size() / 4; ++i) {
+        const float a = reinterpret_cast<const float*>(o1.buf.data())[i];
+        const float b = reinterpret_cast<const float*>(o2.buf.data())[i];
+        err = std::max(err, double(std::fabs(a - b)));
+        mx = std::max(mx, double(std::fabs(b)));
+      }
+      EXPECT_LE(err / mx, 2e-6);
+      for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l2[i], 2e-6 * std::max(1.f, std::fabs(l2[i])));
+      Owned4 dq1(1, N, H, D, DType::f32, Layout::BSHD), dk1 = dq1, dq2 = dq1, dk2 = dq1;
+      Owned4 dv1(1, N, H, Dv, DType::f32, Layout::BSHD), dv2 = dv1;
+      for (Owned4* t : {&dq1, &dk1, &dq2, &dk2, &dv1, &dv2}) t->view.data = t->buf.data();
+      mlr_attention_backward(q.view, k.view, v.view, o1.view, lv1, g.view, dq1.view, dk1.view, dv1.view, mo);
+      attention_backward(q.view, k.view, v.view, o2.view, lv2, g.view, dq2.view, dk2.view, dv2.view, ao);
+      for (auto [a, b] : {std::pair<Owned4*, Owned4*>{&dq1, &dq2}, {&dk1, &dk2}, {&dv1, &dv2}}) {
+        double e = 0, m = 1e-2;
+        for (size_t i = 0; i < a->buf.size() / 4; ++i) {
+          const float x = reinterpret_cast<const float*>(a->buf.data())[i];
+          const float y = reinterpret_cast<const float*>(b->buf.data())[i];
+          e = std::max(e, double(std::fabs(x - y)));
+          m = std::max(m, double(std::fabs(y)));
+        }
+        EXPECT_LE(e / m, 2e-5);
+      }
+    }
+}
+
+// ---- the default block rule ------------------------------------------------------------------------
+
+std::vector<float> forward_f32(const Owned4& q, const Owned4& k, const Owned4& v, const MlrOptions& o) {
+  const int64_t B = q.view.shape[0], N = q.view.shape[1], H = q.view.shape[2], Dv = v.view.shape[3];
+  Owned4 out(B, N, H, Dv, DType::f32, Layout::BSHD);
+  std::vector<float> lse(size_t(B * H * N));
+  mlr_attention_forward(q.view, k.view, v.view, out.view, TensorView(lse.data(), DType::f32, {B, H, N}), o);
+  std::vector<float> r(reinterpret_cast<const float*>(out.buf.data()),
+                       reinterpret_cast<const float*>(out.buf.data()) + out.buf.size() / 4);
+  r.insert(r.end(), lse.begin(), lse.end());
+  return r;
+}
+
+TEST(Mlr, DefaultBlocksAreContextOverPowersOfTwo) {
+  // T = 97, L = 3: context = 100 (97 rounded up to a multiple of 4), blocks 100, 50, 25.
+  const int64_t N = 97;
+  std::mt19937 rng(3);
+  Owned4 q(1, N, 1, 12, DType::f32, Layout::BSHD), k = q, v = q;
+  k.view.data = k.buf.data();
+  v.view.data = v.buf.data();
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng, -2, 2);
+  MlrOptions def = mlr_options({4, 4, 4});
+  def.causal = false;
+  MlrOptions ctx = def, expl = def, other = def;
+  ctx.context = 100;
+  expl.block_sizes[0] = 100;
+  expl.block_sizes[1] = 50;
+  expl.block_sizes[2] = 25;
+  other.block_sizes[0] = 97;  // a different partition must give a different result
+  other.block_sizes[1] = 97;
+  other.block_sizes[2] = 1;
+  const std::vector<float> a = forward_f32(q, k, v, def);
+  EXPECT_EQ(a, forward_f32(q, k, v, ctx));
+  EXPECT_EQ(a, forward_f32(q, k, v, expl));
+  EXPECT_NE(a, forward_f32(q, k, v, other));
+}
+
+// ---- finite differences against the double references' analytic gradients ------------------------
+
+TEST(Mlr, ReferenceGradientsMatchFiniteDifferences) {
+  const int64_t N = 13, Nq = 11, H = 2, Hkv = 1, D = 7, Dv = 3;
+  std::mt19937 rng(5);
+  Owned4 q(1, Nq, H, D, DType::f64, Layout::BSHD), k(1, N, Hkv, D, DType::f64, Layout::BSHD);
+  Owned4 v(1, N, Hkv, Dv, DType::f64, Layout::BSHD), g(1, Nq, H, Dv, DType::f64, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v, &g}) t->fill_random(rng, -2, 2);
+  const int64_t segs[] = {5, 6};
+  for (int variant = 0; variant < 3; ++variant) {
+    MlrOptions o = mlr_options({3, 1, 2, 1});
+    if (variant == 0) {  // default blocks 16, 8, 4, 2 over 13 keys
+      o.divide_by_num_levels = true;
+    } else if (variant == 1) {  // level average, custom blocks, not causal
+      o.level_average = true;
+      o.causal = false;
+      o.block_sizes[0] = 12;
+      o.block_sizes[1] = 6;
+      o.block_sizes[2] = 3;
+      o.block_sizes[3] = 1;
+    } else {  // segments, masked across, sqrt scale
+      o.segment_starts = segs;
+      o.num_segment_starts = 2;
+      o.mask_cross_segment = true;
+      o.level_average = true;
+      o.scale = MlrScale::inv_sqrt_head_dim;
+    }
+    for (bool blockwise : {false, true}) {
+      SCOPED_TRACE(detail::cat("variant ", variant, blockwise ? " blockwise" : " pairwise"));
+      auto loss = [&] {  // sum(o * g)
+        std::vector<double> out(size_t(Nq * H * Dv)), lse(size_t(H * Nq));
+        (blockwise ? reference::mlr_attention_forward_blockwise : reference::mlr_attention_forward)(
+            q.view, k.view, v.view, o, out.data(), lse.data());
+        double s = 0;
+        for (int64_t i = 0; i < Nq; ++i)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t d = 0; d < Dv; ++d) s += out[size_t((i * H + h) * Dv + d)] * g.at(0, i, h, d, Layout::BSHD);
+        return s;
+      };
+      std::vector<double> dq(size_t(Nq * H * D)), dk(size_t(N * Hkv * D)), dv(size_t(N * Hkv * Dv));
+      (blockwise ? reference::mlr_attention_backward_blockwise : reference::mlr_attention_backward)(
+          q.view, k.view, v.view, g.view, o, dq.data(), dk.data(), dv.data());
+      double max_err = 0, max_g = 0;
+      auto check = [&](Owned4& t, const std::vector<double>& grad) {
+        int64_t idx[4] = {0, 0, 0, 0};
+        for (idx[1] = 0; idx[1] < t.view.shape[1]; ++idx[1])
+          for (idx[2] = 0; idx[2] < t.view.shape[2]; ++idx[2])
+            for (idx[3] = 0; idx[3] < t.view.shape[3]; ++idx[3]) {
+              const double x = t.view.get(idx), eps = 1e-6;
+              t.view.set(idx, x + eps);
+              const double up = loss();
+              t.view.set(idx, x - eps);
+              const double down = loss();
+              t.view.set(idx, x);
+              const double fd = (up - down) / (2 * eps);
+              const double an = grad[size_t((idx[1] * t.view.shape[2] + idx[2]) * t.view.shape[3] + idx[3])];
+              max_err = std::max(max_err, std::fabs(fd - an));
+              max_g = std::max(max_g, std::fabs(an));
+            }
+      };
+      check(q, dq);
+      check(k, dk);
+      check(v, dv);
+      EXPECT_GT(max_g, 1e-2);
+      EXPECT_LE(max_err / max_g, 1e-7);  // central differences: O(eps^2) + rounding O(1e-16 / eps)
+    }
+  }
+}
+
+// ---- special rows, threads, cost ------------------------------------------------------------------
+
+TEST(Mlr, EmptyRowsGiveZerosAndNegInfLse) {
+  // 20 queries over 8 keys, causal, bottom-right: queries 0..11 sit before key 0 and see nothing.
+  const int64_t Nq = 20, Nk = 8, D = 6;
+  std::mt19937 rng(9);
+  Owned4 q(1, Nq, 1, D, DType::f32, Layout::BSHD), k(1, Nk, 1, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, Nk, 1, D, DType::f32, Layout::BSHD), o(1, Nq, 1, D, DType::f32, Layout::BSHD);
+  Owned4 g = o, dq = q, dk = k, dv = v;
+  for (Owned4* t : {&g, &dq, &dk, &dv}) t->view.data = t->buf.data();
+  for (Owned4* t : {&q, &k, &v, &g}) t->fill_random(rng);
+  MlrOptions opt = mlr_options({2, 2, 2});
+  std::vector<float> lse(static_cast<size_t>(Nq));
+  TensorView lv(lse.data(), DType::f32, {1, 1, Nq});
+  mlr_attention_forward(q.view, k.view, v.view, o.view, lv, opt);
+  mlr_attention_backward(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
+  for (int64_t i = 0; i < Nq; ++i) {
+    if (i < Nq - Nk) {
+      EXPECT_TRUE(std::isinf(lse[size_t(i)]) && lse[size_t(i)] < 0) << i;
+      for (int64_t d = 0; d < D; ++d) {
+        EXPECT_EQ(o.at(0, i, 0, d, Layout::BSHD), 0.0);
+        EXPECT_EQ(dq.at(0, i, 0, d, Layout::BSHD), 0.0);
+      }
+    } else {
+      EXPECT_TRUE(std::isfinite(lse[size_t(i)])) << i;
+    }
+  }
+}
+
+TEST(Mlr, EmptySizesAreNoOps) {
+  std::vector<float> buf(64, 1.f), lse(8, 5.f);
+  MlrOptions opt = mlr_options({2, 2});
+  opt.causal = false;
+  // Nk = 0: every row has no key -> zeros and lse = -inf.
+  TensorView q(buf.data(), DType::f32, {1, 2, 1, 4}), k(buf.data(), DType::f32, {1, 0, 1, 4});
+  TensorView v(buf.data(), DType::f32, {1, 0, 1, 4}), o(buf.data() + 32, DType::f32, {1, 2, 1, 4});
+  mlr_attention_forward(q, k, v, o, TensorView(lse.data(), DType::f32, {1, 1, 2}), opt);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(buf[size_t(32 + i)], 0.f);
+  EXPECT_TRUE(std::isinf(lse[0]) && lse[0] < 0);
+  // batch = 0: nothing to do, no error.
+  TensorView q0(buf.data(), DType::f32, {0, 2, 1, 4}), o0(buf.data(), DType::f32, {0, 2, 1, 4});
+  TensorView k0(buf.data(), DType::f32, {0, 3, 1, 4});
+  EXPECT_NO_THROW(mlr_attention_forward(q0, k0, k0, o0, TensorView(lse.data(), DType::f32, {0, 1, 2}), opt));
+  EXPECT_NO_THROW(mlr_attention_backward(q0, k0, k0, o0, TensorView(lse.data(), DType::f32, {0, 1, 2}), o0, q0, k0,
+                                         k0, opt));
+}
+
+TEST(Mlr, ThreadCountDoesNotChangeForward) {
+  const int64_t N = 300, D = 32;
+  std::mt19937 rng(5);
+  Owned4 q(1, N, 2, D, DType::f32, Layout::BSHD), k(1, N, 2, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, N, 2, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  MlrOptions opt = mlr_options({8, 8, 8, 8});
+  std::vector<float> out[2];
+  const int saved = get_num_threads();
+  for (int t : {1, 3}) {
+    set_num_threads(t);
+    out[t == 3] = forward_f32(q, k, v, opt);
+  }
+  set_num_threads(saved);
+  EXPECT_EQ(out[0], out[1]);  // each query tile is one unit of work
+}
+
+TEST(Mlr, FlopCountMatchesTheDyadicFormula) {
+  // Non-causal, dyadic blocks: score FLOPs = 2 T^2 sum_l r_l / 2^(l-1); the paper's 8 x 8 split
+  // gives 15.94 effective dims of 64 (4.0x), 48|16 1.14x, 16|16|16|16 2.13x.
+  const int64_t T = 1024, Dv = 64;
+  struct Split {
+    std::vector<int64_t> r;
+    double ratio;
+  };
+  for (const Split& s : {Split{{8, 8, 8, 8, 8, 8, 8, 8}, 64 / 15.9375}, Split{{48, 16}, 64 / 56.0},
+                         Split{{16, 16, 16, 16}, 64 / 30.0}}) {
+    MlrOptions o;
+    o.num_levels = int(s.r.size());
+    double eff = 0;
+    for (size_t l = 0; l < s.r.size(); ++l) {
+      o.ranks[l] = s.r[l];
+      eff += double(s.r[l]) / double(int64_t(1) << l);
+    }
+    o.causal = false;
+    const MlrFlops f = mlr_attention_flops(2, 3, T, T, Dv, o);
+    EXPECT_DOUBLE_EQ(f.scores, 2.0 * 6 * T * T * eff);
+    EXPECT_DOUBLE_EQ(f.dense_scores, 2.0 * 6 * T * T * 64);
+    EXPECT_NEAR(f.dense_scores / f.scores, s.ratio, 1e-12);
+    EXPECT_DOUBLE_EQ(f.total - f.scores, 2.0 * 6 * T * T * Dv);
+    o.causal = true;  // causal: the pairs j <= i, i.e. T (T + 1) / 2
+    const MlrFlops c = mlr_attention_flops(1, 1, T, T, Dv, o);
+    EXPECT_DOUBLE_EQ(c.dense_total, 2.0 * T * (T + 1) / 2 * (64 + Dv));
+  }
+}
+
+// ---- bad input ------------------------------------------------------------------------------------
+
+struct MlrBadInput : ::testing::Test {
+  std::vector<float> buf = std::vector<float>(4096, 0.5f), lse = std::vector<float>(64);
+  TensorView q{buf.data(), DType::f32, {1, 8, 2, 16}}, k{buf.data(), DType::f32, {1, 8, 2, 16}};
+  TensorView v{buf.data(), DType::f32, {1, 8, 2, 16}}, o{buf.data() + 1024, DType::f32, {1, 8, 2, 16}};
+  TensorView lv{lse.data(), DType::f32, {1, 2, 8}};
+  MlrOptions opt = mlr_options({8, 4, 4});
+  // Expects mlr_attention_forward to throw strata::Error whose message contains every needle.
+  void expect_error(const std::vector<std::string>& needles) {
+    try {
+      mlr_attention_forward(q, k, v, o, lv, opt);
+      ADD_FAILURE() << "no error thrown";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    }
+  }
+};
+
+TEST_F(MlrBadInput, ValidInputRuns) { EXPECT_NO_THROW(mlr_attention_forward(q, k, v, o, lv, opt)); }
+TEST_F(MlrBadInput, RanksNotSummingToHeadDim) {
+  opt.ranks[2] = 5;
+  expect_error({"'ranks'", "head_dim 16", "got 17"});
+}
+TEST_F(MlrBadInput, ZeroRank) {
+  opt = mlr_options({8, 0, 8});
+  expect_error({"'ranks[1]'", ">= 1", "got 0"});
+}
+TEST_F(MlrBadInput, NoLevels) {
+  opt.num_levels = 0;
+  expect_error({"'num_levels'", "1..16", "got 0"});
+}
+TEST_F(MlrBadInput, RankBeyondNumLevels) {
+  opt.num_levels = 2;
+  expect_error({"'ranks[2]'", "beyond num_levels"});
+}
+TEST_F(MlrBadInput, NonNestedBlockSizes) {
+  opt.block_sizes[0] = 8;
+  opt.block_sizes[1] = 4;
+  opt.block_sizes[2] = 3;
+  expect_error({"'block_sizes[2]'", "divisor of block_sizes[1] = 4", "got 3"});
+}
+TEST_F(MlrBadInput, MissingBlockSize) {
+  opt.block_sizes[0] = 8;
+  opt.block_sizes[1] = 4;
+  expect_error({"'block_sizes[2]'", ">= 1", "got 0"});
+}
+TEST_F(MlrBadInput, ContextNotMultipleOfPowerOfTwo) {
+  opt.context = 10;
+  expect_error({"'context'", "multiple of", "4", "got 10"});
+}
+TEST_F(MlrBadInput, ContextWithExplicitBlocks) {
+  opt.block_sizes[0] = 8;
+  opt.block_sizes[1] = 4;
+  opt.block_sizes[2] = 2;
+  opt.context = 8;
+  expect_error({"'context'", "0 when block_sizes"});
+}
+TEST_F(MlrBadInput, SegmentsOutOfOrder) {
+  const int64_t s[] = {2, 5, 5};
+  opt.segment_starts = s;
+  opt.num_segment_starts = 3;
+  expect_error({"'segment_starts[2]'", "increasing", "got 5"});
+}
+TEST_F(MlrBadInput, SegmentOutOfRange) {
+  const int64_t s[] = {2, 8};
+  opt.segment_starts = s;
+  opt.num_segment_starts = 2;
+  expect_error({"'segment_starts[1]'", "1..7", "got 8"});
+}
+TEST_F(MlrBadInput, SegmentAtZero) {
+  const int64_t s[] = {0};
+  opt.segment_starts = s;
+  opt.num_segment_starts = 1;
+  expect_error({"'segment_starts[0]'", "got 0"});
+}
+TEST_F(MlrBadInput, SegmentsNull) {
+  opt.num_segment_starts = 2;
+  expect_error({"'segment_starts'", "null"});
+}
+TEST_F(MlrBadInput, MismatchedHeadDim) {
+  k.shape[3] = 15;
+  expect_error({"'k'", "dim=16", "dim=15"});
+}
+TEST_F(MlrBadInput, MixedDtypes) {
+  v.dtype = DType::bf16;
+  expect_error({"'v'", "float32", "bfloat16"});
+}
+TEST_F(MlrBadInput, HeadsNotDivisible) {
+  q.shape[2] = 3;
+  o.shape[2] = 3;
+  lv.shape[1] = 3;
+  expect_error({"'k'", "heads dividing", "got 2"});
+}
+TEST_F(MlrBadInput, WrongOutputShape) {
+  o.shape[1] = 9;
+  expect_error({"'o'", "seq=8", "seq=9"});
+}
+TEST_F(MlrBadInput, WrongLseShape) {
+  lv.shape[2] = 7;
+  expect_error({"'lse'", "[1, 2, 8]", "[1, 2, 7]"});
+}
+TEST_F(MlrBadInput, BackwardGradShape) {
+  TensorView bad = k;
+  bad.shape[1] = 5;
+  try {
+    mlr_attention_backward(q, k, v, o, lv, o, q, bad, v, opt);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'dk'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace strata
