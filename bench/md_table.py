@@ -32,6 +32,13 @@ def fmt_err(x):
     return "nan" if x is None else f"{x:.1e}"
 
 
+def ref_errs(row):
+    """'2.5e-03 / 1.9e-02' when the row was checked against a reference other than the peer, else '-'."""
+    if row.get("ref_max_rel_err", None) is None and row.get("peer_ref_max_rel_err", None) is None:
+        return "-"
+    return f"{fmt_err(row.get('ref_max_rel_err'))} / {fmt_err(row.get('peer_ref_max_rel_err'))}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("input", metavar="IN.json")
@@ -51,12 +58,12 @@ def main():
     print()
     if rows:
         peer = rows[0]["peer"]
-        print(f"| case | dtype | shape | correct | max rel err | ours ms | {peer} ms | speedup | "
-              f"ours GFLOP/s | % of peak | {peer} GFLOP/s | reps |")
-        print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        print(f"| case | dtype | shape | correct | rel err vs {peer} | rel err vs ref (ours / {peer}) | "
+              f"ours ms | {peer} ms | speedup | ours GFLOP/s | % of peak | {peer} GFLOP/s | reps |")
+        print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['case']} | {r['dtype']} | {shape_label(r['shape'])} | "
-                  f"{'yes' if r['correct'] else '**NO**'} | {fmt_err(r['max_rel_err'])} | "
+                  f"{'yes' if r['correct'] else '**NO**'} | {fmt_err(r['max_rel_err'])} | {ref_errs(r)} | "
                   f"{r['median_s'] * 1e3:.1f} | {r['peer_median_s'] * 1e3:.1f} | "
                   f"{r['speedup_vs_peer']:.2f}x | {r['gflops']:.1f} | {r['pct_of_peak']:.1f} | "
                   f"{r.get('peer_gflops', 0):.1f} | {r.get('reps', '?')} |")

@@ -5,7 +5,7 @@ One figure row per dtype; left: speedup of ours over the peer vs the swept size 
 right: achieved GFLOP/s vs the swept size, ours solid and the peer dashed, with the measured fp32
 FMA peak as a line. Rows that failed the correctness check are marked with a red x.
 
-Usage: plot.py IN.json OUT.png [--x seq]
+Usage: plot.py IN.json OUT.png [--x seq] [--quiet]
 Exit status: 0 written, 2 bad input, 3 matplotlib missing.
 """
 import argparse
@@ -63,6 +63,7 @@ def main():
     ap.add_argument("input", metavar="IN.json", help="result JSON written by strata bench / demo")
     ap.add_argument("output", metavar="OUT.png", help="PNG to write")
     ap.add_argument("--x", default="seq", help="shape entry on the x axis (default: seq)")
+    ap.add_argument("--quiet", action="store_true", help="print nothing on success")
     args = ap.parse_args()
     rep = load(args.input, args.x)
 
@@ -119,7 +120,8 @@ def main():
         fig.savefig(args.output, dpi=110)
     except OSError as e:
         fail(f"argument OUT: cannot write '{args.output}': {e}")
-    print(f"plot.py: wrote {args.output}")
+    if not args.quiet:
+        print(f"plot.py: wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 //
 // Full sweep: N in {256, ..., 16384}, batch = max(1, 16384 / N), 8 heads, head_dim 64 and 128,
 // causal and not, forward and forward+backward, float32 and bfloat16 (112 rows; 10+ minutes on
-// 2 cores). --quick: 9 rows (fp32 fwd N 1024/4096 causal and not, fp32 fwd+bwd N 1024 and
-// 4096, 4096 causal, bf16 fwd N 4096 causal and not), under a minute on 2 idle cores.
+// 2 cores). --quick: 8 rows (fp32 fwd N 1024/4096 causal and not, fp32 fwd+bwd N 1024/4096,
+// bf16 fwd N 4096 causal and not), under a minute on 2 idle cores.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "attention_runner.h"
 #include "commands.h"
 #include "session.h"
+#include "strata/error.h"
 
 namespace strata::app {
 namespace {
@@ -41,7 +42,6 @@ std::vector<AttnCase> attention_sweep(bool quick) {
       for (int64_t n : {1024, 4096}) cases.push_back(sweep_case(n, 64, causal, false, at::kFloat));
     cases.push_back(sweep_case(1024, 64, false, true, at::kFloat));
     cases.push_back(sweep_case(4096, 64, false, true, at::kFloat));
-    cases.push_back(sweep_case(4096, 64, true, true, at::kFloat));
     for (bool causal : {false, true}) cases.push_back(sweep_case(4096, 64, causal, false, at::kBFloat16));
     return cases;
   }
@@ -54,6 +54,16 @@ std::vector<AttnCase> attention_sweep(bool quick) {
   return cases;
 }
 
+// True when `c` passes the --seq / --head-dim / --dtype / --pass filters (empty = no filter).
+bool selected(const AttnCase& c, const BenchAttentionOptions& o) {
+  const auto has = [](const auto& list, const auto& x) {
+    return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+  };
+  const std::string dtype = c.dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  const std::string pass = c.backward ? "fwd+bwd" : "fwd";
+  return has(o.seq, c.seq) && has(o.head_dim, c.head_dim) && has(o.dtype, dtype) && has(o.pass, pass);
+}
+
 }  // namespace
 
 CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
@@ -61,7 +71,13 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
       "attention",
       "Dense attention: strata's flash kernel vs torch scaled_dot_product_attention (same tensors,\n"
       "same process, same threads, interleaved timing, correctness checked on every row)");
-  cmd->add_flag("--quick", o.quick, "9-row subset (N 1024/4096, d 64), under a minute on 2 idle cores");
+  cmd->add_flag("--quick", o.quick, "8-row subset (N 1024/4096, d 64), under a minute on 2 idle cores");
+  cmd->add_option("--seq", o.seq, "keep only rows with these sequence lengths (repeatable)")->type_name("N");
+  cmd->add_option("--head-dim", o.head_dim, "keep only rows with these head dims (repeatable)")->type_name("D");
+  cmd->add_option("--dtype", o.dtype, "keep only rows of these dtypes (repeatable)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  cmd->add_option("--pass", o.pass, "keep only rows of these passes (repeatable)")
+      ->check(CLI::IsMember({"fwd", "fwd+bwd"}));
   cmd->add_option("--json", o.json, "write the results as JSON to FILE (rewritten after every row)")
       ->type_name("FILE");
   cmd->add_option("--csv", o.csv, "also write the rows as CSV to FILE")->type_name("FILE");
@@ -76,6 +92,12 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
 
 int run_bench_attention(const BenchAttentionOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<AttnCase> cases;
+  for (const AttnCase& c : attention_sweep(o.quick))
+    if (selected(c, o)) cases.push_back(c);
+  STRATA_CHECK(!cases.empty(), "strata bench attention: arguments '--seq', '--head-dim', '--dtype', '--pass': "
+               "expected a selection that keeps at least one row of the ", o.quick ? "quick" : "full",
+               " sweep, got none");
   const int threads = configure_threads(o.threads);
   fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
   std::fflush(stdout);
@@ -84,7 +106,6 @@ int run_bench_attention(const BenchAttentionOptions& o) {
 
   TimingPlan plan;
   plan.reps = o.reps > 0 ? o.reps : (o.quick ? 3 : 5);
-  const std::vector<AttnCase> cases = attention_sweep(o.quick);
   fmt::print("{} rows, {} timed reps each (after a warm-up), ours = strata.flash (layout bhsd), "
              "peer = torch.sdpa\n", cases.size(), plan.reps);
   print_table_header();

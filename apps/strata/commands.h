@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct BenchAttentionOptions {
   std::string json, csv;  // "" = do not write
   int threads = 0;        // 0: default
   int reps = 0;           // 0: 5 (3 with --quick)
+  // Row filters (empty: all rows of the sweep).
+  std::vector<int64_t> seq, head_dim;
+  std::vector<std::string> dtype, pass;
 };
 CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o);
 int run_bench_attention(const BenchAttentionOptions& o);

@@ -51,7 +51,7 @@ bool run_plot(const std::string& json_path, const std::string& png_path, std::st
     *why = "no plot script at '" + script + "' (set STRATA_PLOT_SCRIPT)";
     return false;
   }
-  std::vector<std::string> args{py, script, json_path, png_path};
+  std::vector<std::string> args{py, script, json_path, png_path, "--quiet"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -11,7 +11,7 @@ std::string plot_python();
 // The plot script: $STRATA_PLOT_SCRIPT, else <source dir>/bench/plot.py.
 std::string plot_script();
 
-// Runs `python plot.py json_path png_path`. Returns true when the PNG was written; otherwise false
+// Runs `python plot.py json_path png_path --quiet`. Returns true when the PNG was written; otherwise false
 // and a one-line reason in *why (no Python, no script, matplotlib missing, script failed).
 bool run_plot(const std::string& json_path, const std::string& png_path, std::string* why);
 

@@ -116,6 +116,12 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
     o["flops"] = row.flops;
     o["peer_gflops"] = row_gflops(row, true);
     o["tolerance"] = row.tolerance;
+    o["checked_against"] = row.checked_against;
+    const auto opt_num = [](const std::optional<double>& x) {
+      return x && std::isfinite(*x) ? nlohmann::ordered_json(*x) : nlohmann::ordered_json(nullptr);
+    };
+    o["ref_max_rel_err"] = opt_num(row.ref_max_rel_err);
+    o["peer_ref_max_rel_err"] = opt_num(row.peer_ref_max_rel_err);
     j["rows"].push_back(std::move(o));
   }
   return j;
@@ -146,7 +152,8 @@ void write_csv(const BenchReport& r, const std::string& path) {
   std::ofstream f = open_for_write(path, "write_csv");
   const nlohmann::ordered_json j = to_json(r);
   f << "case,method,peer,shape,dtype,correct,max_rel_err,median_s,peer_median_s,speedup_vs_peer,"
-       "gflops,pct_of_peak,min_s,max_s,peer_min_s,peer_max_s,reps,flops,peer_gflops\n";
+       "gflops,pct_of_peak,min_s,max_s,peer_min_s,peer_max_s,reps,flops,peer_gflops,tolerance,checked_against,"
+       "ref_max_rel_err,peer_ref_max_rel_err\n";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const auto& o = j["rows"][i];
     const auto num = [&](const char* k) { return o[k].is_null() ? std::string("nan") : o[k].dump(); };
@@ -155,8 +162,9 @@ void write_csv(const BenchReport& r, const std::string& path) {
       << o["dtype"].get<std::string>() << ',' << (r.rows[i].correct ? "true" : "false");
     for (const char* k : {"max_rel_err", "median_s", "peer_median_s", "speedup_vs_peer", "gflops",
                           "pct_of_peak", "min_s", "max_s", "peer_min_s", "peer_max_s", "reps", "flops",
-                          "peer_gflops"})
+                          "peer_gflops", "tolerance"})
       f << ',' << num(k);
+    f << ',' << r.rows[i].checked_against << ',' << num("ref_max_rel_err") << ',' << num("peer_ref_max_rel_err");
     f << '\n';
   }
   STRATA_CHECK(f.good(), "write_csv: writing '", path, "' failed");
@@ -183,6 +191,8 @@ void print_preamble(const BenchReport& r) {
 }
 
 void print_table_header() {
+  fmt::print("(rel_err: max|ours - ref| / max|ref| over the outputs, ref = the peer, or the reference the row\n"
+             " names in the JSON's checked_against; ok: rel_err under the dtype's tolerance)\n");
   fmt::print("{:<15} {:<9} {:<24} {:<4} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6} {:>9}\n", "case", "dtype",
              "shape", "ok", "rel_err", "ours ms", "peer ms", "speedup", "GFLOP/s", "%peak", "peer GF/s");
   fmt::print("{}\n", std::string(15 + 9 + 24 + 4 + 8 + 10 + 10 + 8 + 8 + 6 + 9 + 10, '-'));
@@ -192,7 +202,8 @@ void print_table_header() {
 void print_table_row(const BenchRow& row, double peak_gflops) {
   const double gf = row_gflops(row, false);
   fmt::print("{:<15} {:<9} {:<24} {:<4} {:>8.1e} {:>10.2f} {:>10.2f} {:>7.2f}x {:>8.1f} {:>6.1f} {:>9.1f}\n",
-             row.case_name, row.dtype, row.shape_label, row.correct ? "yes" : "NO", row.max_rel_err,
+             row.case_name, row.dtype, row.shape_label, row.correct ? "yes" : "NO",
+             row.ref_max_rel_err ? *row.ref_max_rel_err : row.max_rel_err,
              row.ours.median_s * 1e3, row.peer_time.median_s * 1e3, row.speedup, gf,
              peak_gflops > 0 ? 100.0 * gf / peak_gflops : 0.0, row_gflops(row, true));
   std::fflush(stdout);

@@ -7,11 +7,15 @@
 //        "rows": [{"case", "method", "peer", "shape" (object), "dtype", "correct", "max_rel_err",
 //                  "median_s", "peer_median_s", "speedup_vs_peer", "gflops", "pct_of_peak",
 //                  "min_s", "max_s", "peer_min_s", "peer_max_s", "reps", "flops", "peer_gflops",
-//                  "tolerance"}]}
+//                  "tolerance", "checked_against", "ref_max_rel_err", "peer_ref_max_rel_err"}]}
+// correct: ours matched `checked_against` (the peer, or a reference named there) within
+// `tolerance`; max_rel_err is always ours vs the peer; the ref_* errors are null when the peer
+// was the reference.
 // speedup_vs_peer is the median over repetitions of peer_time / our_time, each pair measured
 // back to back (A B A B ...), so slow drift of a shared machine cancels.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,9 +52,12 @@ struct BenchRow {
   nlohmann::ordered_json shape;   // problem sizes by name, e.g. {"batch": 4, "seq": 4096, ...}
   std::string shape_label;        // the same, short, for the table: "B=4 H=8 N=4096 D=64"
   std::string dtype;              // "float32" / "bfloat16"
-  bool correct = false;           // our result matched the peer's within the dtype's tolerance
+  bool correct = false;           // our result matched `checked_against` within `tolerance`
   double max_rel_err = 0;         // max over outputs of max|ours - peer| / max|peer|
-  double tolerance = 0;           // the bound max_rel_err was held to
+  double tolerance = 0;           // the bound the verdict used
+  std::string checked_against;    // what decided `correct`: the peer, or a reference
+  std::optional<double> ref_max_rel_err;       // ours vs that reference (when not the peer)
+  std::optional<double> peer_ref_max_rel_err;  // the peer vs that reference
   double flops = 0;               // by the conventions of shared/design/performance.md
   TimeStats ours, peer_time;
   double speedup = 0;             // median of paired peer/ours ratios
@@ -91,7 +98,8 @@ void print_preamble(const BenchReport& r);
 // Prints the table header line(s) to stdout.
 void print_table_header();
 
-// Prints one row as a table line (flushes, so long sweeps show progress).
+// Prints one row as a table line (flushes, so long sweeps show progress). Its rel_err is the
+// error that decided `correct` (ref_max_rel_err when set, else max_rel_err).
 void print_table_row(const BenchRow& row, double peak_gflops);
 
 // Achieved GFLOP/s of `row` (ours: peer = false).
