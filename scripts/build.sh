@@ -8,7 +8,7 @@ VENV="${STRATA_HOME:-$HOME/.cache/strata}/venv"
 [ -x "$VENV/bin/python" ] || { echo "[build] ERROR: no venv at $VENV: run scripts/setup.sh first" >&2; exit 1; }
 TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 case "$CONFIG" in
-  release) ARGS=(-DCMAKE_BUILD_TYPE=Release) ;;
+  release) ARGS=(-DCMAKE_BUILD_TYPE=Release -DSTRATA_WITH_TORCH=ON) ;;
   # Debug + ASan + UBSan, at -O1 (what the sanitizer docs recommend: -O0 makes the kernel sweep
   # 30x slower for no extra coverage). Core only: LibTorch is not built with ASan.
   asan)    ARGS=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DSTRATA_SANITIZE=ON -DSTRATA_WITH_TORCH=OFF) ;;
