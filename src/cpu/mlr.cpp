@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cpu/mlr_params.h"
+#include "cpu/views.h"
 #include "strata/cpu.h"
 
 namespace strata {
@@ -15,38 +16,16 @@ namespace {
 using cpu::MlrLevels;
 using cpu::MlrParams;
 using cpu::Strided4;
+using cpu::Dims4;
+using cpu::check_4d;
+using cpu::check_shape;
+using cpu::dims;
+using cpu::dims_str;
+using cpu::layout_str;
+using cpu::strided;
 
 constexpr int64_t kMaxSeq = int64_t(1) << 24;  // positions are exact in the kernel's fp32 lanes
 
-// Logical dims (batch, seq, head, dim) of a 4-D view in the given layout.
-struct Dims4 {
-  int64_t b, s, h, d;
-};
-constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
-
-Dims4 dims(const TensorView& t, Layout l) {
-  return {t.shape[0], t.shape[kSeqDim[int(l)]], t.shape[kHeadDim[int(l)]], t.shape[3]};
-}
-Strided4 strided(const TensorView& t, Layout l) {
-  return {t.data, t.stride[0], t.stride[kSeqDim[int(l)]], t.stride[kHeadDim[int(l)]], t.stride[3]};
-}
-std::string dims_str(const Dims4& d) {
-  return detail::cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
-}
-const char* layout_str(Layout l) { return l == Layout::BSHD ? "BSHD" : "BHSD"; }
-
-void check_4d(const char* where, const char* arg, const TensorView& t, DType dtype, Layout l) {
-  STRATA_CHECK_ARG(t.ndim == 4, where, arg, detail::cat("a 4-D tensor in layout ", layout_str(l)),
-                   detail::cat(t.ndim, "-D ", t.shape_str()));
-  STRATA_CHECK_ARG(t.dtype == dtype, where, arg, detail::cat("dtype ", dtype_name(dtype), " (same as q)"),
-                   dtype_name(t.dtype));
-  STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
-}
-
-void check_shape(const char* where, const char* arg, const Dims4& got, const Dims4& want, const char* why) {
-  const bool ok = got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d;
-  STRATA_CHECK_ARG(ok, where, arg, detail::cat(dims_str(want), " ", why), dims_str(got));
-}
 
 std::string indexed(const char* name, int i) { return detail::cat(name, "[", i, "]"); }
 
