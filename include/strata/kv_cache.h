@@ -17,7 +17,16 @@
 // Blocks: fixed at construction from opt (block_sizes, or the default rule with
 // context = opt.context, or max_seqlen rounded up to a multiple of 2^(L-1) when that is 0:
 // then a full forward over max_seqlen tokens with default options has the same blocks).
-// Not supported here: segment_starts (variable top-level blocks), non-causal options.
+// Segments (variable-length level-1 blocks, mlr.h "Blocks"): when opt has segment_starts (one
+// list for every sequence) or segment_offsets (per-sequence lists), the cache is in SEGMENT mode:
+// level 1 is the current segment (its keys are kept up to max_seqlen), level l >= 2 cuts it into
+// blocks of b_l from its start. The listed positions start segments as the tokens arrive, and
+// begin_segment(b) starts one at the next token of sequence b (a document end seen while
+// generating). attend then equals the forward over the sequence with its segment list (the lists
+// are copied; opt's pointers need not outlive the constructor).
+// Non-causal options are accepted: the query at the last position sees only earlier keys either
+// way, so decoding is always causal (it equals the LAST row of a non-causal forward over the
+// tokens so far, not row t of one over the whole sequence).
 // Storage is fp32 whatever the input dtype (f32 or bf16); math is fp32.
 //
 // Shapes (layout opt.layout; BSHD shown; any strides):
@@ -41,6 +50,9 @@ class MlrKvCache {
 
   // Appends n_new[b] tokens (keys and values) to sequence b; throws if one would exceed max_seqlen.
   void append(const TensorView& k, const TensorView& v, const int64_t* n_new);
+  // Segment mode only: the next token appended to sequence b starts a new segment (a no-op for
+  // an empty sequence, whose first token starts one anyway).
+  void begin_segment(int64_t b);
   // Attention of one query per sequence at its last position (length(b) - 1) over its cache.
   void attend(const TensorView& q, const TensorView& o, const TensorView& lse) const;
 
@@ -52,14 +64,23 @@ class MlrKvCache {
   int64_t dense_key_bytes() const { return batch_ * heads_kv_ * max_seqlen_ * head_dim_ * int64_t(sizeof(float)); }
 
  private:
+  // First position of the level-l block (l = 0..L-1) holding position t of sequence b.
+  int64_t block_start(int64_t b, int l, int64_t t) const;
+
   MlrOptions opt_;
   int64_t batch_, heads_kv_, head_dim_, head_dim_v_, max_seqlen_;
   int num_levels_;
-  std::vector<int64_t> block_, rank_, slice_, key_off_;  // b_l, r_l, first dim of slice l, offset of level l
-  int64_t keys_per_head_ = 0;                             // sum_l b_l r_l
+  bool segmented_ = false;                                // level 1 = segments
+  std::vector<int64_t> block_, cap_, rank_, slice_, key_off_;  // b_l (0: level 1 = segment), slots of
+                                                          // level l, r_l, first dim of slice l, offset
+  int64_t keys_per_head_ = 0;                             // sum_l cap_l r_l
   std::vector<float> scale_;                              // c_l (times 1/L if divide_by_num_levels)
-  std::vector<float> keys_, values_;                      // [batch][kv head][...]
+  std::vector<float> keys_, values_;                      // [batch][kv head][...]; level l transposed r_l x cap_l
   std::vector<int64_t> len_;
+  std::vector<int64_t> seg_start_;                        // start of sequence b's current segment
+  std::vector<std::vector<int64_t>> seg_list_;            // sequence b's listed segment starts
+  std::vector<size_t> seg_next_;                          // next unused entry of seg_list_[b]
+  std::vector<uint8_t> seg_pending_;                      // begin_segment(b) called
 };
 
 }  // namespace strata

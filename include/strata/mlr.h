@@ -26,6 +26,9 @@
 //   the variable-length segments [0, s_1), [s_1, s_2), ..., [s_n, inf); a finer level l >= 2 cuts
 //   each segment into blocks of b_l counted from the SEGMENT's start (the last one clipped at the
 //   segment's end). b_1 is then unused; b_l (l >= 2) must still be nested among themselves.
+//   Per sequence: with `segment_offsets`, each sequence of the batch has its own list (packed
+//   documents of different lengths); a sequence with an empty list is one segment. Segments use
+//   the default rule for b_l (l >= 2) with context = seqlen_k rounded as above unless given.
 // With nested blocks the levels two positions share are always 1..m, a prefix of the head dim.
 //
 // Shapes (layout BSHD; with Layout::BHSD dims 1 and 2 are swapped; any strides):
@@ -67,6 +70,10 @@ struct MlrOptions {
   int64_t context = 0;                    // 0 = seqlen_k rounded up to a multiple of 2^(L-1)
   const int64_t* segment_starts = nullptr;  // optional: num_segment_starts positions, increasing
   int64_t num_segment_starts = 0;
+  // Optional per-sequence segment lists: batch + 1 non-decreasing offsets into segment_starts,
+  // sequence b's starts being segment_starts[segment_offsets[b] .. segment_offsets[b+1]) (each
+  // list increasing; an empty list = one segment). null: every sequence uses the whole list.
+  const int64_t* segment_offsets = nullptr;
   bool mask_cross_segment = false;        // pairs sharing no level: -inf instead of score 0
   MlrScale scale = MlrScale::inv_rank;
   bool divide_by_num_levels = false;      // S *= 1/L           (ref mlr_divide_by_num_levels)

@@ -1,6 +1,7 @@
 // src/cpu/kv_cache.cpp: the MLR decode cache (include/strata/kv_cache.h): per level only the
-// current block's key slices, a full V cache, per-sequence lengths. Plain fp32 loops, parallel
-// over (sequence, head); a decode step reads sum_l b_l r_l key floats and t * head_dim_v values.
+// current block's key slices (transposed, r_l x cap_l), a full V cache, per-sequence lengths and
+// segments. The step itself is the per-ISA mlr_decode_row (src/cpu/mlr_decode.inc), parallel over
+// (sequence, query head); it reads sum_l |block_l| r_l key floats and t * head_dim_v values.
 #include "strata/kv_cache.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "cpu/mlr_params.h"
+#include "strata/cpu.h"
 #include "strata/threading.h"
 
 namespace strata {
@@ -63,21 +65,29 @@ MlrKvCache::MlrKvCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int6
   STRATA_CHECK_ARG(heads_kv >= 1, where, "heads_kv", ">= 1", heads_kv);
   STRATA_CHECK_ARG(head_dim_v >= 1, where, "head_dim_v", ">= 1", head_dim_v);
   STRATA_CHECK_ARG(max_seqlen >= 1, where, "max_seqlen", ">= 1", max_seqlen);
-  STRATA_CHECK_ARG(opt.num_segment_starts == 0, where, "segment_starts",
-                   "none (the decode cache supports fixed block sizes only)", opt.num_segment_starts);
-  STRATA_CHECK_ARG(opt.causal, where, "causal", "true (decoding is causal)", "false");
   int64_t D = 0;
   for (int l = 0; l < std::clamp(opt.num_levels, 0, MlrOptions::kMaxLevels); ++l) D += opt.ranks[l];
-  const cpu::MlrLevels lv = cpu::resolve_mlr_levels(where, opt, D, max_seqlen);
+  const cpu::MlrLevels lv = cpu::resolve_mlr_levels(where, opt, D, max_seqlen, batch);
+  segmented_ = lv.block[0] == 0;
+  // Copy the segment lists (the options' pointers are the caller's).
+  seg_list_.resize(size_t(batch));
+  for (int64_t b = 0; b < batch && segmented_; ++b) {
+    const cpu::MlrLevels lb = lv.for_batch(b);
+    seg_list_[size_t(b)].assign(lb.seg, lb.seg + lb.num_seg);
+  }
+  opt_.segment_starts = nullptr;
+  opt_.segment_offsets = nullptr;
+  opt_.num_segment_starts = 0;
   head_dim_ = D;
   num_levels_ = lv.num_levels;
   int64_t off = 0;
   for (int l = 0; l < num_levels_; ++l) {
     block_.push_back(lv.block[l]);
+    cap_.push_back(lv.block[l] == 0 ? max_seqlen : std::min(lv.block[l], max_seqlen));  // slots < block and < max_seqlen
     rank_.push_back(lv.rank[l]);
     slice_.push_back(lv.rank_end[l] - lv.rank[l]);
     key_off_.push_back(off);
-    off += std::min(lv.block[l], max_seqlen) * lv.rank[l];  // slot t mod b_l < max_seqlen
+    off += cap_.back() * lv.rank[l];
     double c = opt.scale == MlrScale::inv_sqrt_head_dim ? 1.0 / std::sqrt(double(D)) : 1.0 / double(lv.rank[l]);
     if (opt.divide_by_num_levels) c /= num_levels_;
     scale_.push_back(float(c));
@@ -86,6 +96,24 @@ MlrKvCache::MlrKvCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int6
   keys_.assign(size_t(batch * heads_kv * keys_per_head_), 0.f);
   values_.assign(size_t(batch * heads_kv * max_seqlen * head_dim_v), 0.f);
   len_.assign(size_t(batch), 0);
+  seg_start_.assign(size_t(batch), 0);
+  seg_next_.assign(size_t(batch), 0);
+  seg_pending_.assign(size_t(batch), 0);
+}
+
+int64_t MlrKvCache::block_start(int64_t b, int l, int64_t t) const {
+  const int64_t base = segmented_ ? seg_start_[size_t(b)] : 0, bl = block_[size_t(l)];
+  if (bl == 0) return base;  // level 1 in segment mode: the segment
+  return base + (t - base) / bl * bl;
+}
+
+void MlrKvCache::begin_segment(int64_t b) {
+  const char* where = "MlrKvCache::begin_segment";
+  STRATA_CHECK_ARG(segmented_, where, "this cache",
+                   "segment mode (options with segment_starts or segment_offsets, an empty list is enough)",
+                   "fixed level-1 blocks");
+  STRATA_CHECK_ARG(b >= 0 && b < batch_, where, "b", detail::cat("a sequence in 0..", batch_ - 1), b);
+  if (len_[size_t(b)] > 0) seg_pending_[size_t(b)] = 1;
 }
 
 void MlrKvCache::append(const TensorView& k, const TensorView& v, const int64_t* n_new) {
@@ -109,24 +137,53 @@ void MlrKvCache::append(const TensorView& k, const TensorView& v, const int64_t*
                      n_new[b]);
   }
   const View4 vd = view4(v, L);
+  // Segment starts among the new tokens, per sequence (positions, in order), decided up front so
+  // that the (sequence, head) workers below only read them.
+  std::vector<std::vector<int64_t>> starts(static_cast<size_t>(batch_));
+  if (segmented_) {
+    for (int64_t b = 0; b < batch_; ++b) {
+      if (n_new[b] == 0) continue;
+      const int64_t t0 = len_[size_t(b)], t1 = t0 + n_new[b];
+      if (seg_pending_[size_t(b)]) starts[size_t(b)].push_back(t0);
+      const std::vector<int64_t>& list = seg_list_[size_t(b)];
+      size_t& nx = seg_next_[size_t(b)];
+      while (nx < list.size() && list[nx] < t1) {
+        if (list[nx] >= t0 && (starts[size_t(b)].empty() || starts[size_t(b)].back() != list[nx]))
+          starts[size_t(b)].push_back(list[nx]);
+        ++nx;
+      }
+      seg_pending_[size_t(b)] = 0;
+    }
+  }
+  const std::vector<int64_t> seg0 = seg_start_;
   parallel_for(batch_ * heads_kv_, 1, [&](int64_t begin, int64_t end, int) {
     std::vector<float> row(size_t(std::max(head_dim_, head_dim_v_)));
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads_kv_, h = bh % heads_kv_;
       float* keys = keys_.data() + bh * keys_per_head_;
       float* vals = values_.data() + bh * max_seqlen_ * head_dim_v_;
+      int64_t seg = seg0[size_t(b)];
+      size_t next = 0;
+      const std::vector<int64_t>& st = starts[size_t(b)];
       for (int64_t i = 0; i < n_new[b]; ++i) {
         const int64_t t = len_[size_t(b)] + i;
+        if (next < st.size() && st[next] == t) seg = st[next++];
         read_row(k, b * kd.sb + i * kd.ss + h * kd.sh, kd.sd, head_dim_, row.data());
-        for (int l = 0; l < num_levels_; ++l) {  // level l keeps its slice at slot t mod b_l
-          float* dst = keys + key_off_[size_t(l)] + (t % block_[size_t(l)]) * rank_[size_t(l)];
-          std::copy(row.begin() + slice_[size_t(l)], row.begin() + slice_[size_t(l)] + rank_[size_t(l)], dst);
+        for (int l = 0; l < num_levels_; ++l) {  // slot = t - (start of t's level-l block)
+          const int64_t bl = block_[size_t(l)], base = segmented_ ? seg : 0;
+          const int64_t slot = bl == 0 ? t - base : (t - base) % bl;
+          float* dst = keys + key_off_[size_t(l)] + slot;
+          const int64_t cap = cap_[size_t(l)];
+          for (int64_t c = 0; c < rank_[size_t(l)]; ++c) dst[c * cap] = row[size_t(slice_[size_t(l)] + c)];
         }
         read_row(v, b * vd.sb + i * vd.ss + h * vd.sh, vd.sd, head_dim_v_, vals + t * head_dim_v_);
       }
     }
   });
-  for (int64_t b = 0; b < batch_; ++b) len_[size_t(b)] += n_new[b];
+  for (int64_t b = 0; b < batch_; ++b) {
+    if (!starts[size_t(b)].empty()) seg_start_[size_t(b)] = starts[size_t(b)].back();
+    len_[size_t(b)] += n_new[b];
+  }
 }
 
 void MlrKvCache::attend(const TensorView& q, const TensorView& o, const TensorView& lse) const {
@@ -146,58 +203,51 @@ void MlrKvCache::attend(const TensorView& q, const TensorView& o, const TensorVi
   STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
   const View4 qd = view4(q, L), od = view4(o, L);
   const int64_t group = Hq / heads_kv_;
+  void (*row_fn)(const cpu::MlrDecodeRow&) = cpu::scalar::mlr_decode_row;
+  switch (active_isa()) {
+    case Isa::avx512: row_fn = cpu::avx512::mlr_decode_row; break;
+    case Isa::avx2: row_fn = cpu::avx2::mlr_decode_row; break;
+    default: break;
+  }
   parallel_for(batch_ * Hq, 1, [&](int64_t begin, int64_t end, int) {
-    std::vector<float> qs(static_cast<size_t>(head_dim_)), s(static_cast<size_t>(max_seqlen_));
+    std::vector<float> qs(static_cast<size_t>(head_dim_)), s(static_cast<size_t>(max_seqlen_ + 16));
     std::vector<float> out(static_cast<size_t>(head_dim_v_));
-    std::vector<int> m(static_cast<size_t>(max_seqlen_));
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / Hq, h = bh % Hq, n = len_[size_t(b)], t = n - 1;
-      const float* keys = keys_.data() + (b * heads_kv_ + h / group) * keys_per_head_;
-      const float* vals = values_.data() + (b * heads_kv_ + h / group) * max_seqlen_ * head_dim_v_;
+      const int64_t b = bh / Hq, h = bh % Hq, t = len_[size_t(b)] - 1;
+      const int64_t kvh = b * heads_kv_ + h / group;
       read_row(q, b * qd.sb + h * qd.sh, qd.sd, head_dim_, qs.data());
-      std::fill(s.begin(), s.begin() + n, 0.f);
-      std::fill(m.begin(), m.begin() + n, 0);
-      for (int l = 0; l < num_levels_ && n > 0; ++l) {  // keys of t's level-l block: [t - t mod b_l, t]
-        const int64_t bl = block_[size_t(l)], r = rank_[size_t(l)], c0 = slice_[size_t(l)];
-        const float* kl = keys + key_off_[size_t(l)];
-        for (int64_t j = t - t % bl; j <= t; ++j) {
-          const float* kj = kl + (j % bl) * r;
-          float dot = 0.f;
-          for (int64_t c = 0; c < r; ++c) dot += qs[size_t(c0 + c)] * kj[c];
-          s[size_t(j)] += scale_[size_t(l)] * dot;
-          ++m[size_t(j)];
-        }
+      cpu::MlrDecodeRow r;
+      r.num_levels = num_levels_;
+      r.q = qs.data();
+      for (int l = 0; l < num_levels_; ++l) {
+        r.keys[l] = keys_.data() + kvh * keys_per_head_ + key_off_[size_t(l)];
+        r.cap[l] = cap_[size_t(l)];
+        r.start[l] = t < 0 ? 0 : block_start(b, l, t);
+        r.rank[l] = rank_[size_t(l)];
+        r.slice[l] = slice_[size_t(l)];
+        r.scale[l] = scale_[size_t(l)];
       }
-      float mx = kNegInf;
-      for (int64_t j = 0; j < n; ++j) {
-        float& x = s[size_t(j)];
-        if (m[size_t(j)] == 0) {
-          x = opt_.mask_cross_segment ? kNegInf : 0.f;
-        } else if (opt_.level_average) {
-          x /= float(m[size_t(j)]);
-        }
-        mx = std::max(mx, x);
-      }
-      std::fill(out.begin(), out.end(), 0.f);
-      float sum = 0.f;
-      for (int64_t j = 0; j < n && mx != kNegInf; ++j) {
-        const float p = std::exp(s[size_t(j)] - mx);
-        sum += p;
-        const float* vj = vals + j * head_dim_v_;
-        for (int64_t c = 0; c < head_dim_v_; ++c) out[size_t(c)] += p * vj[c];
-      }
-      const bool empty = !(sum > 0.f);
-      const float inv = empty ? 0.f : 1.f / sum;
+      r.level_average = opt_.level_average;
+      r.mask_cross_segment = opt_.mask_cross_segment;
+      r.t = t;
+      r.v = values_.data() + kvh * max_seqlen_ * head_dim_v_;
+      r.ldv = head_dim_v_;
+      r.head_dim_v = head_dim_v_;
+      r.s = s.data();
+      r.out = out.data();
+      float lse_v = kNegInf;
+      r.lse = &lse_v;
+      if (t >= 0) row_fn(r);
+      else std::fill(out.begin(), out.end(), 0.f);
       for (int64_t c = 0; c < head_dim_v_; ++c) {
         const int64_t off = b * od.sb + h * od.sh + c * od.sd;
-        const float x = out[size_t(c)] * inv;
         if (o.dtype == DType::f32) {
-          static_cast<float*>(o.data)[off] = x;
+          static_cast<float*>(o.data)[off] = out[size_t(c)];
         } else {
-          static_cast<uint16_t*>(o.data)[off] = f32_to_bf16(x);
+          static_cast<uint16_t*>(o.data)[off] = f32_to_bf16(out[size_t(c)]);
         }
       }
-      static_cast<float*>(lse.data)[b * lse.stride[0] + h * lse.stride[1]] = empty ? kNegInf : mx + std::log(sum);
+      static_cast<float*>(lse.data)[b * lse.stride[0] + h * lse.stride[1]] = lse_v;
     }
   });
 }

@@ -59,7 +59,7 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   STRATA_CHECK_ARG(dk.s < kMaxSeq, where, "k", detail::cat("seq < ", kMaxSeq), dk.s);
 
   MlrParams p;
-  p.lv = cpu::resolve_mlr_levels(where, opt, dq.d, dk.s);
+  p.lv = cpu::resolve_mlr_levels(where, opt, dq.d, dk.s, dq.b);
   p.dtype = q.dtype;
   p.batch = dq.b;
   p.seqlen_q = dq.s;
@@ -108,7 +108,7 @@ void run_backward(const MlrParams& p) {
 
 namespace cpu {
 
-MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, int64_t nk) {
+MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, int64_t nk, int64_t batch) {
   const int L = o.num_levels;
   STRATA_CHECK_ARG(L >= 1 && L <= MlrOptions::kMaxLevels, where, "num_levels",
                    detail::cat("1..", MlrOptions::kMaxLevels), L);
@@ -129,7 +129,7 @@ MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, 
   }
   STRATA_CHECK_ARG(sum == D, where, "ranks", detail::cat("r_1 + .. + r_L = head_dim ", D, " (q's last dim)"), sum);
 
-  const bool segments = o.num_segment_starts > 0;
+  const bool segments = o.num_segment_starts > 0 || o.segment_offsets != nullptr;
   bool explicit_blocks = false;
   for (int l = 0; l < MlrOptions::kMaxLevels; ++l) {
     const std::string arg = indexed("block_sizes", l);
@@ -164,19 +164,41 @@ MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, 
     for (int l = first; l < L; ++l) lv.block[l] = ctx >> l;
   }
   if (segments) {
-    STRATA_CHECK_ARG(o.segment_starts != nullptr, where, "segment_starts",
+    STRATA_CHECK_ARG(o.num_segment_starts >= 0, where, "num_segment_starts", ">= 0", o.num_segment_starts);
+    STRATA_CHECK_ARG(o.segment_starts != nullptr || o.num_segment_starts == 0, where, "segment_starts",
                      detail::cat("a pointer to ", o.num_segment_starts, " positions"), "null");
-    for (int64_t i = 0; i < o.num_segment_starts; ++i) {
-      const int64_t s = o.segment_starts[i];
-      const std::string arg = detail::cat("segment_starts[", i, "]");
-      STRATA_CHECK_ARG(s > 0 && s < nk, where, arg.c_str(),
-                       detail::cat("a position in 1..", nk - 1, " (inside the keys, not 0)"), s);
-      if (i > 0)
-        STRATA_CHECK_ARG(s > o.segment_starts[i - 1], where, arg.c_str(),
-                         detail::cat("> segment_starts[", i - 1, "] = ", o.segment_starts[i - 1], " (increasing)"), s);
+    // One list per sequence [lo, hi) of segment_starts (or the whole list for every sequence).
+    const int64_t nb = o.segment_offsets != nullptr ? batch : 1;
+    for (int64_t b = 0; b < nb; ++b) {
+      int64_t lo = 0, hi = o.num_segment_starts;
+      if (o.segment_offsets != nullptr) {
+        lo = o.segment_offsets[b];
+        hi = o.segment_offsets[b + 1];
+        const std::string arg = detail::cat("segment_offsets[", b, "..", b + 1, "]");
+        STRATA_CHECK_ARG(b > 0 || lo == 0, where, "segment_offsets[0]", "0", lo);
+        STRATA_CHECK_ARG(lo <= hi && hi <= o.num_segment_starts, where, arg.c_str(),
+                         detail::cat("non-decreasing offsets in 0..num_segment_starts = ", o.num_segment_starts),
+                         detail::cat(lo, ", ", hi));
+      }
+      for (int64_t i = lo; i < hi; ++i) {
+        const int64_t s = o.segment_starts[i];
+        const std::string arg = detail::cat("segment_starts[", i, "]");
+        STRATA_CHECK_ARG(s > 0 && s < nk, where, arg.c_str(),
+                         detail::cat("a position in 1..", nk - 1, " (inside the keys, not 0)"), s);
+        if (i > lo)
+          STRATA_CHECK_ARG(s > o.segment_starts[i - 1], where, arg.c_str(),
+                           detail::cat("> segment_starts[", i - 1, "] = ", o.segment_starts[i - 1], " (increasing)"),
+                           s);
+      }
     }
+    if (o.segment_offsets != nullptr)
+      STRATA_CHECK_ARG(o.segment_offsets[batch] == o.num_segment_starts, where,
+                       detail::cat("segment_offsets[", batch, "]").c_str(),
+                       detail::cat("num_segment_starts = ", o.num_segment_starts, " (every start in one list)"),
+                       o.segment_offsets[batch]);
     lv.seg = o.segment_starts;
     lv.num_seg = o.num_segment_starts;
+    lv.seg_offsets = o.segment_offsets;
   } else {
     STRATA_CHECK_ARG(o.num_segment_starts == 0, where, "num_segment_starts", ">= 0", o.num_segment_starts);
   }
@@ -219,23 +241,30 @@ MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, i
                    detail::cat(batch, ", ", heads_q, ", ", seqlen_q, ", ", seqlen_k, ", ", head_dim_v));
   int64_t D = 0;
   for (int l = 0; l < std::clamp(opt.num_levels, 0, MlrOptions::kMaxLevels); ++l) D += opt.ranks[l];
-  const MlrLevels lv = cpu::resolve_mlr_levels(where, opt, D, seqlen_k);
-  // Per query row: pairs sharing level l = |level-l block of p  ∩  allowed keys|.
+  const MlrLevels all = cpu::resolve_mlr_levels(where, opt, D, seqlen_k, batch);
+  // Per query row: pairs sharing level l = |level-l block of p  ∩  allowed keys|. Sequences
+  // differ only with per-sequence segment lists.
   double prefix_sum = 0, pairs = 0;
-  for (int64_t i = 0; i < seqlen_q; ++i) {
-    const int64_t pos = seqlen_k - seqlen_q + i;
-    const int64_t hi = opt.causal ? std::min(pos, seqlen_k - 1) : seqlen_k - 1;  // keys [0, hi]
-    if (hi < 0) continue;
-    double row_pairs = double(hi + 1);
-    for (int l = 1; l <= lv.num_levels; ++l) {
-      const MlrLevels::Block b = lv.at(l, pos);
-      const double n = double(std::max<int64_t>(0, std::min(b.end - 1, hi) - std::max<int64_t>(b.start, 0) + 1));
-      if (l == 1 && opt.mask_cross_segment) row_pairs = n;
-      prefix_sum += n * double(lv.rank[l - 1]);
+  const int64_t distinct = opt.segment_offsets != nullptr ? batch : std::min<int64_t>(batch, 1);
+  const double weight = opt.segment_offsets != nullptr ? 1.0 : double(batch);
+  for (int64_t b = 0; b < distinct; ++b) {
+    const MlrLevels lv = all.for_batch(b);
+    for (int64_t i = 0; i < seqlen_q; ++i) {
+      const int64_t pos = seqlen_k - seqlen_q + i;
+      const int64_t hi = opt.causal ? std::min(pos, seqlen_k - 1) : seqlen_k - 1;  // keys [0, hi]
+      if (hi < 0) continue;
+      double row_pairs = double(hi + 1);
+      for (int l = 1; l <= lv.num_levels; ++l) {
+        const MlrLevels::Block blk = lv.at(l, pos);
+        const double n =
+            double(std::max<int64_t>(0, std::min(blk.end - 1, hi) - std::max<int64_t>(blk.start, 0) + 1));
+        if (l == 1 && opt.mask_cross_segment) row_pairs = n;
+        prefix_sum += weight * n * double(lv.rank[l - 1]);
+      }
+      pairs += weight * row_pairs;
     }
-    pairs += row_pairs;
   }
-  const double bh = double(batch) * double(heads_q);
+  const double bh = double(heads_q);  // batch is in the sums
   MlrFlops f;
   f.scores = 2 * bh * prefix_sum;
   f.total = f.scores + 2 * bh * pairs * double(head_dim_v);

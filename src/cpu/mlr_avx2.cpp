@@ -17,4 +17,5 @@
 namespace strata::cpu::avx2 {
 #include "core/simd.h"
 #include "cpu/mlr_kernel.inc"
+#include "cpu/mlr_decode.inc"
 }  // namespace strata::cpu::avx2

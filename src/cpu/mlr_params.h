@@ -25,6 +25,18 @@ struct MlrLevels {
   int64_t block[kMlrMaxLevels] = {};    // b_l; block[0] = 0 when segments define level 1
   const int64_t* seg = nullptr;         // segment starts, strictly increasing, in (0, seqlen_k)
   int64_t num_seg = 0;
+  const int64_t* seg_offsets = nullptr; // per-sequence lists: batch + 1 offsets into seg (or null)
+
+  // The geometry of sequence b: with per-sequence lists, seg/num_seg narrowed to b's list.
+  MlrLevels for_batch(int64_t b) const {
+    MlrLevels r = *this;
+    if (seg_offsets != nullptr) {
+      r.seg = seg + seg_offsets[b];
+      r.num_seg = seg_offsets[b + 1] - seg_offsets[b];
+      r.seg_offsets = nullptr;
+    }
+    return r;
+  }
 
   struct Block {
     int64_t start, end;  // [start, end)
@@ -77,15 +89,36 @@ struct MlrParams {
 };
 
 // Validates the level options of `opt` (num_levels, ranks, block_sizes, context, segment_starts)
-// against head_dim and seqlen_k, throwing strata::Error that names the argument; returns the
-// resolved geometry (block sizes from the default rule when not given). src/cpu/mlr.cpp.
-MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k);
+// against head_dim and seqlen_k (and batch, for per-sequence segment lists), throwing
+// strata::Error that names the argument; returns the resolved geometry (block sizes from the
+// default rule when not given). src/cpu/mlr.cpp.
+MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k,
+                             int64_t batch);
+
+// One decode step of one (sequence, query head) over the MlrKvCache (src/cpu/mlr_decode.inc):
+// the query at position t meets level l's keys at positions [start[l], t] (start non-decreasing in
+// l), stored transposed: keys[l][c * cap[l] + (j - start[l])] = k_l[j][c]; V rows j = 0..t.
+struct MlrDecodeRow {
+  int num_levels = 0;
+  const float* q = nullptr;              // head_dim, fp32
+  const float* keys[kMlrMaxLevels] = {}; // r_l x cap_l each
+  int64_t cap[kMlrMaxLevels] = {}, start[kMlrMaxLevels] = {}, rank[kMlrMaxLevels] = {}, slice[kMlrMaxLevels] = {};
+  float scale[kMlrMaxLevels] = {};       // c_l (times 1/L if divide_by_num_levels)
+  bool level_average = false, mask_cross_segment = false;
+  int64_t t = 0;                         // position of the query; keys 0..t
+  const float* v = nullptr;              // (t + 1) x head_dim_v, row stride ldv
+  int64_t ldv = 0, head_dim_v = 0;
+  float* s = nullptr;                    // scratch, t + 1 floats
+  float* out = nullptr;                  // head_dim_v, fp32
+  float* lse = nullptr;                  // natural log
+};
 
 // Per-ISA entry points (src/cpu/mlr_{avx512,avx2,scalar}.cpp).
 #define STRATA_DECLARE_MLR(ns)                  \
   namespace ns {                                \
   void mlr_forward(const MlrParams& p);         \
   void mlr_backward(const MlrParams& p);        \
+  void mlr_decode_row(const MlrDecodeRow& r);   \
   }
 STRATA_DECLARE_MLR(avx512)
 STRATA_DECLARE_MLR(avx2)

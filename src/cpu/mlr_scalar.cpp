@@ -16,4 +16,5 @@
 namespace strata::cpu::scalar {
 #include "core/simd.h"
 #include "cpu/mlr_kernel.inc"
+#include "cpu/mlr_decode.inc"
 }  // namespace strata::cpu::scalar

@@ -29,16 +29,28 @@ struct Seq {  // one sequence's full q, k, v and the full forward's o, lse
 };
 
 struct DecodeCase {
+  DecodeCase(const char* n, const MlrOptions& o) : name(n), opt(o) {}
   const char* name;
   MlrOptions opt;
   DType dtype = DType::f32;
+  // Per-sequence segment starts (empty: none). listed: given to the cache as segment_offsets
+  // lists; otherwise announced with begin_segment() as decoding reaches them (they must lie after
+  // the prompt), the cache getting empty lists (segment mode).
+  std::vector<std::vector<int64_t>> segments;
+  bool listed = true;
 };
 
 void run_decode(const DecodeCase& dc, const std::vector<int64_t>& total, const std::vector<int64_t>& prompt,
                 int64_t max_seqlen) {
   SCOPED_TRACE(dc.name);
   const int64_t B = int64_t(total.size()), Hq = 4, Hkv = 2, Dv = 12;
-  const MlrOptions& opt = dc.opt;
+  MlrOptions opt = dc.opt;
+  const bool seg = !dc.segments.empty();
+  std::vector<int64_t> seg_flat, seg_off{0};
+  for (int64_t b = 0; seg && b < B; ++b) {
+    if (dc.listed) seg_flat.insert(seg_flat.end(), dc.segments[size_t(b)].begin(), dc.segments[size_t(b)].end());
+    seg_off.push_back(int64_t(seg_flat.size()));
+  }
   int64_t D = 0;
   for (int l = 0; l < opt.num_levels; ++l) D += opt.ranks[l];
   const Layout L = opt.layout;
@@ -55,10 +67,29 @@ void run_decode(const DecodeCase& dc, const std::vector<int64_t>& total, const s
     s.k.fill_random(rng, -2, 2);
     s.v.fill_random(rng);
     s.lse.resize(size_t(Hq * T));
+    MlrOptions fo = opt;  // the forward over this sequence alone, with its own segment list
+    std::vector<int64_t> mine;
+    if (seg)
+      for (int64_t x : dc.segments[size_t(b)])
+        if (x < T) mine.push_back(x);
+    if (seg) {
+      fo.segment_starts = mine.data();
+      fo.num_segment_starts = int64_t(mine.size());
+      if (mine.empty()) {  // one segment: per-sequence form with an empty list
+        static const int64_t kEmpty[2] = {0, 0};
+        fo.segment_offsets = kEmpty;
+      }
+    }
     mlr_attention_forward(s.q.view, s.k.view, s.v.view, s.o.view, TensorView(s.lse.data(), DType::f32, {1, Hq, T}),
-                          opt);
+                          fo);
+  }
+  if (seg) {
+    opt.segment_starts = seg_flat.data();
+    opt.num_segment_starts = int64_t(seg_flat.size());
+    opt.segment_offsets = seg_off.data();
   }
   MlrKvCache cache(B, Hkv, Dv, max_seqlen, opt);
+  seg_flat.assign(seg_flat.size(), -7);  // the cache copied the lists
   // Copies rows [from, from + n[b]) of every sequence's t (k or v) into a batch tensor.
   auto gather = [&](Owned4 Seq::*field, int64_t heads, int64_t d, const std::vector<int64_t>& from,
                     const std::vector<int64_t>& n) {
@@ -114,6 +145,10 @@ void run_decode(const DecodeCase& dc, const std::vector<int64_t>& total, const s
       from[size_t(b)] = cache.length(b);
       n[size_t(b)] = cache.length(b) < total[size_t(b)] ? 1 : 0;
       any |= n[size_t(b)] > 0;
+      if (seg && !dc.listed && n[size_t(b)] > 0) {
+        const auto& st = dc.segments[size_t(b)];
+        if (std::find(st.begin(), st.end(), cache.length(b)) != st.end()) cache.begin_segment(b);
+      }
     }
     if (!any) break;
     Owned4 k = gather(&Seq::k, Hkv, D, from, n), v = gather(&Seq::v, Hkv, Dv, from, n);
@@ -157,6 +192,47 @@ TEST(MlrKvCache, DecodeEqualsFullForwardAcrossBlockTransitions) {
   for (const DecodeCase& dc : cases) run_decode(dc, {150, 97, 40}, {5, 33, 1}, 160);
 }
 
+TEST(MlrKvCache, DecodeWithSegmentsEqualsForwardWithSegmentLists) {
+  // Per-sequence segment lists (packed documents): level 1 = the current segment, finer levels
+  // restart at its start; every decoded row equals that sequence's forward with its own list.
+  std::vector<DecodeCase> cases;
+  DecodeCase c{"listed segments", base_options()};
+  c.segments = {{3, 40, 41, 100}, {}, {20}};
+  cases.push_back(c);
+  c.name = "listed segments, mask across segments, level average";
+  c.opt.mask_cross_segment = true;
+  c.opt.level_average = true;
+  cases.push_back(c);
+  c = {"begin_segment while decoding", base_options()};
+  c.segments = {{60, 61, 130}, {50}, {}};
+  c.listed = false;
+  cases.push_back(c);
+  c = {"segments, explicit finer blocks, bf16, BHSD", base_options()};
+  c.opt.context = 0;
+  c.opt.block_sizes[1] = 24;
+  c.opt.block_sizes[2] = 6;
+  c.opt.block_sizes[3] = 3;
+  c.opt.layout = Layout::BHSD;
+  c.dtype = DType::bf16;
+  c.segments = {{7, 77}, {33}, {2, 4, 6}};
+  cases.push_back(c);
+  for (const DecodeCase& dc : cases) run_decode(dc, {150, 97, 40}, {5, 33, 1}, 160);
+}
+
+TEST(MlrKvCache, NonCausalOptionsDecodeAsTheLastRow) {
+  // The last query sees only earlier keys either way: run_decode compares against the full
+  // forward's rows, which for causal = false differ except the last; so compare at full length
+  // through a batch whose sequences end at each length (prompt = total - 1).
+  DecodeCase c{"non-causal", base_options()};
+  c.opt.causal = false;
+  std::vector<int64_t> total, prompt;
+  for (int64_t T : {1, 2, 9, 64, 65, 97}) {
+    total.push_back(T);
+    prompt.push_back(T);
+  }
+  run_decode(c, total, prompt, 100);
+}
+
 TEST(MlrKvCache, DefaultContextComesFromMaxSeqlen) {
   // With context 0 the cache takes max_seqlen (100 -> 104 for 4 levels), as a full forward over
   // max_seqlen tokens does: a sequence that fills the cache decodes to that forward's rows.
@@ -192,14 +268,14 @@ TEST(MlrKvCache, BadInput) {
         EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
     }
   };
-  const int64_t segs[] = {4};
+  const int64_t segs[] = {4, 2}, offs[] = {0, 2};
   MlrOptions seg = o;
   seg.segment_starts = segs;
-  seg.num_segment_starts = 1;
-  expect_error([&] { MlrKvCache c(1, 1, 4, 16, seg); }, {"'segment_starts'"});
-  MlrOptions full = o;
-  full.causal = false;
-  expect_error([&] { MlrKvCache c(1, 1, 4, 16, full); }, {"'causal'"});
+  seg.num_segment_starts = 2;
+  expect_error([&] { MlrKvCache c(1, 1, 4, 16, seg); }, {"'segment_starts[1]'", "increasing"});
+  seg.segment_offsets = offs;
+  expect_error([&] { MlrKvCache c(1, 1, 4, 16, seg); }, {"'segment_starts[1]'", "increasing"});
+  expect_error([&] { MlrKvCache(1, 1, 4, 16, o).begin_segment(0); }, {"'this cache'", "segment mode"});
   MlrOptions zero = mlr_options({4, 0});
   expect_error([&] { MlrKvCache c(1, 1, 4, 16, zero); }, {"'ranks[1]'"});
 

@@ -43,6 +43,7 @@ struct Case {
   std::vector<int64_t> blocks;  // empty: default rule
   int64_t context = 0;
   std::vector<int64_t> segs;
+  std::vector<int64_t> seg_offsets;  // B + 1 offsets into segs: per-sequence lists (empty: shared)
   bool mask_cross = false, div = false, avg = false, causal = true;
   MlrScale scale = MlrScale::inv_rank;
   DType dtype = DType::f32;
@@ -62,6 +63,7 @@ struct Case {
     return detail::cat("B", B, "_Nq", Nq, "_Nk", Nk, "_Hq", Hq, "_Hkv", Hkv, "_Dv", Dv, "_", r,
                        blocks.empty() ? std::string() : "b" + bl, context ? detail::cat("ctx", context, "_") : "",
                        segs.empty() ? std::string() : detail::cat("seg", segs.size(), "_"),
+                       seg_offsets.empty() ? std::string() : "perseq_",
                        mask_cross ? "xmask_" : "", div ? "div_" : "", avg ? "avg_" : "",
                        scale == MlrScale::inv_sqrt_head_dim ? "isqrt_" : "", causal ? "causal_" : "full_",
                        dtype_name(dtype), layout == Layout::BSHD ? "_bshd" : "_bhsd", gap ? "_gap" : "",
@@ -75,6 +77,7 @@ struct Case {
     o.context = context;
     o.segment_starts = segs.empty() ? nullptr : segs.data();
     o.num_segment_starts = int64_t(segs.size());
+    o.segment_offsets = seg_offsets.empty() ? nullptr : seg_offsets.data();
     o.mask_cross_segment = mask_cross;
     o.scale = scale;
     o.divide_by_num_levels = div;
@@ -315,6 +318,22 @@ std::vector<Case> block_cases() {  // custom block lists, context, segments
       c.blocks = {0, 64, 32, 8};
       c.div = true;
       v.push_back(c);
+      // Per-sequence lists (packed documents): 3 sequences with 2, 0 and 3 starts.
+      c = base();
+      c.causal = causal;
+      c.mask_cross = mask;
+      c.B = 3;
+      c.Nq = c.Nk = 200;
+      c.segs = {64, 129, /* none */ 1, 70, 199};
+      c.seg_offsets = {0, 2, 2, 5};
+      c.blocks = {0, 32, 8, 4};
+      v.push_back(c);
+      c.Nq = 37;  // decode-like: fewer queries than keys
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.blocks.clear();
+      c.avg = true;
+      v.push_back(c);
     }
   return v;
 }
@@ -468,6 +487,60 @@ std::vector<float> forward_f32(const Owned4& q, const Owned4& k, const Owned4& v
                        reinterpret_cast<const float*>(out.buf.data()) + out.buf.size() / 4);
   r.insert(r.end(), lse.begin(), lse.end());
   return r;
+}
+
+TEST(Mlr, PerSequenceSegmentsEqualEachSequenceAlone) {
+  // A batch with per-sequence lists gives, sequence by sequence, the result of running that
+  // sequence alone with its own (shared-form) list: bitwise, the kernel's arithmetic per
+  // (sequence, head) not depending on the batch.
+  const int64_t B = 3, N = 150, H = 2, Dv = 16;
+  const std::vector<int64_t> segs = {10, 90, 128, 7};
+  const int64_t offs[] = {0, 3, 3, 4};
+  MlrOptions o = mlr_options({8, 4, 4});
+  o.segment_starts = segs.data();
+  o.num_segment_starts = 4;
+  o.segment_offsets = offs;
+  std::mt19937 rng(5);
+  Owned4 q(B, N, H, 16, DType::f32, Layout::BSHD), k(B, N, H, 16, DType::f32, Layout::BSHD);
+  Owned4 v(B, N, H, Dv, DType::f32, Layout::BSHD), out(B, N, H, Dv, DType::f32, Layout::BSHD);
+  q.fill_random(rng, -2, 2);
+  k.fill_random(rng, -2, 2);
+  v.fill_random(rng);
+  std::vector<float> lse(size_t(B * H * N));
+  mlr_attention_forward(q.view, k.view, v.view, out.view, TensorView(lse.data(), DType::f32, {B, H, N}), o);
+  for (int64_t b = 0; b < B; ++b) {
+    SCOPED_TRACE(detail::cat("sequence ", b));
+    auto one = [&](const Owned4& t) {  // batch row b as a batch of one (a view, no copy)
+      TensorView x = t.view;
+      x.data = static_cast<char*>(x.data) + b * x.stride[0] * 4;
+      x.shape[0] = 1;
+      return x;
+    };
+    MlrOptions ob = o;
+    ob.segment_offsets = nullptr;
+    ob.segment_starts = segs.data() + offs[b];
+    ob.num_segment_starts = offs[b + 1] - offs[b];
+    if (ob.num_segment_starts == 0) {
+      static const int64_t kEmpty[2] = {0, 0};  // one segment, still in segment mode
+      ob.segment_offsets = kEmpty;
+    }
+    Owned4 ob_out(1, N, H, Dv, DType::f32, Layout::BSHD);
+    std::vector<float> lb(size_t(H * N));
+    mlr_attention_forward(one(q), one(k), one(v), ob_out.view, TensorView(lb.data(), DType::f32, {1, H, N}), ob);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < Dv; ++c)
+          ASSERT_EQ(out.at(b, i, h, c, Layout::BSHD), ob_out.at(0, i, h, c, Layout::BSHD)) << i << " " << h << " " << c;
+  }
+  // and the lists matter: sequence 1 (one segment) differs from sequence 0's geometry
+  MlrOptions shared = o;
+  shared.segment_offsets = nullptr;
+  shared.num_segment_starts = 3;  // sequence 0's list for everyone
+  Owned4 o2(B, N, H, Dv, DType::f32, Layout::BSHD);
+  mlr_attention_forward(q.view, k.view, v.view, o2.view, TensorView(lse.data(), DType::f32, {B, H, N}), shared);
+  double diff = 0;
+  for (int64_t i = 0; i < N; ++i) diff = std::max(diff, std::fabs(o2.at(1, i, 0, 0, Layout::BSHD) - out.at(1, i, 0, 0, Layout::BSHD)));
+  EXPECT_GT(diff, 1e-3);
 }
 
 TEST(Mlr, DefaultBlocksAreContextOverPowersOfTwo) {
@@ -732,6 +805,17 @@ TEST_F(MlrBadInput, SegmentAtZero) {
   opt.segment_starts = s;
   opt.num_segment_starts = 1;
   expect_error({"'segment_starts[0]'", "got 0"});
+}
+TEST_F(MlrBadInput, SegmentOffsetsInconsistent) {
+  static const int64_t s[] = {2, 3, 1};
+  static const int64_t bad_end[] = {0, 1}, decreasing[] = {0, 2, 1}, bad_first[] = {1, 3};
+  opt.segment_starts = s;
+  opt.num_segment_starts = 3;
+  opt.segment_offsets = bad_end;  // batch 1: offsets[1] must be 3
+  expect_error({"'segment_offsets[1]'", "num_segment_starts = 3", "got 1"});
+  opt.segment_offsets = bad_first;
+  expect_error({"'segment_offsets[0]'", "got 1"});
+  (void)decreasing;
 }
 TEST_F(MlrBadInput, SegmentsNull) {
   opt.num_segment_starts = 2;

@@ -50,13 +50,16 @@ struct Levels {
   int L = 0;
   std::vector<int64_t> rank, offset, size;  // r_l, first column of slice l, b_l
   std::vector<double> c;                    // c_l (times 1/L if divide_by_num_levels)
-  std::vector<int64_t> starts;              // segment starts (empty: fixed level-1 blocks)
+  bool seg = false;                         // level-1 blocks are segments
+  std::vector<int64_t> starts;              // segment starts of this sequence (seg only)
 };
 
-Levels levels(const MlrOptions& o, int64_t D, int64_t nk) {
+// The levels of sequence b (per-sequence segment lists differ between sequences).
+Levels levels(const MlrOptions& o, int64_t D, int64_t nk, int64_t b) {
   Levels v;
   v.L = o.num_levels;
-  const bool seg = o.num_segment_starts > 0;
+  const bool seg = o.num_segment_starts > 0 || o.segment_offsets != nullptr;
+  v.seg = seg;
   bool given = false;
   for (int l = seg ? 1 : 0; l < v.L; ++l) given |= o.block_sizes[l] != 0;
   int64_t ctx = o.context;
@@ -74,7 +77,10 @@ Levels levels(const MlrOptions& o, int64_t D, int64_t nk) {
     double c = o.scale == MlrScale::inv_sqrt_head_dim ? 1.0 / std::sqrt(double(D)) : 1.0 / double(o.ranks[l]);
     v.c.push_back(o.divide_by_num_levels ? c / v.L : c);
   }
-  v.starts.assign(o.segment_starts, o.segment_starts + (seg ? o.num_segment_starts : 0));
+  if (o.segment_offsets != nullptr)
+    v.starts.assign(o.segment_starts + o.segment_offsets[b], o.segment_starts + o.segment_offsets[b + 1]);
+  else if (seg)
+    v.starts.assign(o.segment_starts, o.segment_starts + o.num_segment_starts);
   return v;
 }
 
@@ -88,7 +94,7 @@ int64_t floor_div(int64_t a, int64_t b) {
 
 // Level-1 block of position t: its index and start.
 void top_block(const Levels& v, int64_t t, int64_t* id, int64_t* start) {
-  if (v.starts.empty()) {
+  if (!v.seg) {
     *id = floor_div(t, v.size[0]);
     *start = *id * v.size[0];
     return;
@@ -116,7 +122,7 @@ bool same_block(const Levels& v, int l, int64_t t, int64_t u) {
 
 struct Problem {
   Dense4 q, k, v;
-  Levels lv;
+  std::vector<Levels> lvb;  // per sequence
   int64_t B, Nq, Nk, Hq, Hkv, D, Dv, off;
   Problem(const TensorView& tq, const TensorView& tk, const TensorView& tv, const MlrOptions& o)
       : q(tq, o.layout), k(tk, o.layout), v(tv, o.layout) {
@@ -128,7 +134,7 @@ struct Problem {
     D = q.D;
     Dv = v.D;
     off = Nk - Nq;
-    lv = levels(o, D, Nk);
+    for (int64_t b = 0; b < B; ++b) lvb.push_back(levels(o, D, Nk, b));
   }
   int64_t kv_head(int64_t h) const { return h / (Hq / Hkv); }
 };
@@ -137,7 +143,8 @@ struct Problem {
 // factor d S / d (sum of level products) in `gain` and the shared-level flags in `shared`.
 void logits_pairwise(const Problem& P, const MlrOptions& o, int64_t b, int64_t h, std::vector<double>& S,
                      std::vector<double>& gain, std::vector<uint8_t>& shared) {
-  const int L = P.lv.L;
+  const int L = o.num_levels;
+  const Levels& lv = P.lvb[size_t(b)];
   const int64_t hk = P.kv_head(h);
   S.assign(size_t(P.Nq * P.Nk), kNegInf);
   gain.assign(size_t(P.Nq * P.Nk), 0.0);
@@ -151,13 +158,13 @@ void logits_pairwise(const Problem& P, const MlrOptions& o, int64_t b, int64_t h
       double s = 0;
       int m = 0;
       for (int l = 0; l < L; ++l) {
-        if (!same_block(P.lv, l, t, j)) continue;
+        if (!same_block(lv, l, t, j)) continue;
         shared[size_t((i * P.Nk + j) * L + l)] = 1;
         ++m;
         double dot = 0;
-        for (int64_t d = P.lv.offset[size_t(l)]; d < P.lv.offset[size_t(l)] + P.lv.rank[size_t(l)]; ++d)
+        for (int64_t d = lv.offset[size_t(l)]; d < lv.offset[size_t(l)] + lv.rank[size_t(l)]; ++d)
           dot += qi[d] * kj[d];
-        s += P.lv.c[size_t(l)] * dot;
+        s += lv.c[size_t(l)] * dot;
       }
       if (m == 0 && o.mask_cross_segment) continue;
       const double g = (o.level_average && m > 0) ? 1.0 / m : 1.0;
@@ -227,7 +234,7 @@ struct Block {
 // Every level-l block (l = 0..L-1) meeting the positions [lo, hi), in order.
 std::vector<Block> level_blocks(const Levels& v, int l, int64_t lo, int64_t hi) {
   std::vector<Block> top;
-  if (v.starts.empty()) {
+  if (!v.seg) {
     for (int64_t s = floor_div(lo, v.size[0]) * v.size[0]; s < hi; s += v.size[0]) top.push_back({s, s + v.size[0]});
   } else {
     if (lo < 0) top.push_back({lo, 0});
@@ -249,14 +256,15 @@ std::vector<Block> level_blocks(const Levels& v, int l, int64_t lo, int64_t hi) 
 // For one (b, h): the summed level products (Nq x Nk) and the level-count buffer, built level by
 // level from per-block products placed on the block diagonal.
 void level_sum_blockwise(const Problem& P, int64_t b, int64_t h, std::vector<double>& S, std::vector<double>& cnt) {
+  const Levels& lv = P.lvb[size_t(b)];
   const int64_t hk = P.kv_head(h);
   const int64_t lo = std::min<int64_t>(0, P.off), hi = std::max(P.Nk, P.off + P.Nq);
   S.assign(size_t(P.Nq * P.Nk), 0.0);
   cnt.assign(size_t(P.Nq * P.Nk), 0.0);
   std::vector<double> prod;
-  for (int l = 0; l < P.lv.L; ++l) {
-    const int64_t c0 = P.lv.offset[size_t(l)], r = P.lv.rank[size_t(l)];
-    for (const Block& blk : level_blocks(P.lv, l, lo, hi)) {
+  for (int l = 0; l < lv.L; ++l) {
+    const int64_t c0 = lv.offset[size_t(l)], r = lv.rank[size_t(l)];
+    for (const Block& blk : level_blocks(lv, l, lo, hi)) {
       // rows: queries whose position is in the block; cols: keys in the block
       const int64_t i0 = std::clamp<int64_t>(blk.start - P.off, 0, P.Nq);
       const int64_t i1 = std::clamp<int64_t>(blk.end - P.off, 0, P.Nq);
@@ -268,7 +276,7 @@ void level_sum_blockwise(const Problem& P, int64_t b, int64_t h, std::vector<dou
         for (int64_t e = 0; e < nj; ++e) {
           double dot = 0;
           for (int64_t d = 0; d < r; ++d) dot += P.q.row(b, i0 + a, h)[c0 + d] * P.k.row(b, j0 + e, hk)[c0 + d];
-          prod[size_t(a * nj + e)] = dot * P.lv.c[size_t(l)];
+          prod[size_t(a * nj + e)] = dot * lv.c[size_t(l)];
         }
       for (int64_t a = 0; a < ni; ++a)
         for (int64_t e = 0; e < nj; ++e) {
@@ -321,9 +329,10 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
   zero_grads(P, dq, dk, dv);
   std::vector<double> S, gain, dS, lse(size_t(P.Nq));
   std::vector<uint8_t> shared;
-  const int L = P.lv.L;
+  const int L = opt.num_levels;
   for (int64_t b = 0; b < P.B; ++b)
     for (int64_t h = 0; h < P.Hq; ++h) {
+      const Levels& lv = P.lvb[size_t(b)];
       const int64_t hk = P.kv_head(h);
       logits_pairwise(P, opt, b, h, S, gain, shared);
       softmax_rows(S, P.Nq, P.Nk, lse.data());
@@ -334,8 +343,8 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
           if (x == 0) continue;
           for (int l = 0; l < L; ++l) {
             if (!shared[size_t((i * P.Nk + j) * L + l)]) continue;
-            const double cx = x * P.lv.c[size_t(l)];
-            for (int64_t d = P.lv.offset[size_t(l)]; d < P.lv.offset[size_t(l)] + P.lv.rank[size_t(l)]; ++d) {
+            const double cx = x * lv.c[size_t(l)];
+            for (int64_t d = lv.offset[size_t(l)]; d < lv.offset[size_t(l)] + lv.rank[size_t(l)]; ++d) {
               dq[((b * P.Nq + i) * P.Hq + h) * P.D + d] += cx * P.k.row(b, j, hk)[d];
               dk[((b * P.Nk + j) * P.Hkv + hk) * P.D + d] += cx * P.q.row(b, i, h)[d];
             }
@@ -367,6 +376,7 @@ void mlr_attention_backward_blockwise(const TensorView& q, const TensorView& k, 
   std::vector<double> S, cnt, gain, dS, lse(size_t(P.Nq));
   for (int64_t b = 0; b < P.B; ++b)
     for (int64_t h = 0; h < P.Hq; ++h) {
+      const Levels& lv = P.lvb[size_t(b)];
       const int64_t hk = P.kv_head(h);
       level_sum_blockwise(P, b, h, S, cnt);
       finish_logits(P, opt, S, cnt, gain);
@@ -374,10 +384,10 @@ void mlr_attention_backward_blockwise(const TensorView& q, const TensorView& k, 
       logit_grads(P, g, b, h, S, dS, dv);
       for (size_t e = 0; e < dS.size(); ++e) dS[e] *= gain[e];  // gradient wrt the level sum
       // Per level and block: dQ_l[blk] += c_l dS[blk, blk] K_l[blk], dK_l[blk] += c_l dS^T Q_l[blk].
-      for (int l = 0; l < P.lv.L; ++l) {
-        const int64_t c0 = P.lv.offset[size_t(l)], r = P.lv.rank[size_t(l)];
-        const double c = P.lv.c[size_t(l)];
-        for (const Block& blk : level_blocks(P.lv, l, lo, hi)) {
+      for (int l = 0; l < lv.L; ++l) {
+        const int64_t c0 = lv.offset[size_t(l)], r = lv.rank[size_t(l)];
+        const double c = lv.c[size_t(l)];
+        for (const Block& blk : level_blocks(lv, l, lo, hi)) {
           const int64_t i0 = std::clamp<int64_t>(blk.start - P.off, 0, P.Nq);
           const int64_t i1 = std::clamp<int64_t>(blk.end - P.off, 0, P.Nq);
           const int64_t j0 = std::clamp<int64_t>(blk.start, 0, P.Nk), j1 = std::clamp<int64_t>(blk.end, 0, P.Nk);
