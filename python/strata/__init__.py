@@ -31,7 +31,34 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["attention", "attention_forward", "attention_backward", "paper_gswa_attention", "library_path"]
+__all__ = [
+    "attention",
+    "attention_forward",
+    "attention_backward",
+    "paper_gswa_attention",
+    "library_path",
+    # MLR attention (strata.mlr)
+    "mlr_attention",
+    "mlr_attention_forward",
+    "mlr_attention_backward",
+    "pack_segments",
+    "MLRAttention",
+    # MonarchAttention and the Performer / Nystromformer baselines (strata.monarch)
+    "monarch_attention",
+    "monarch_attention_forward",
+    "monarch_attention_backward",
+    "performer_attention",
+    "nystrom_attention",
+    "monarch_attention_flops",
+    "softmax_attention_flops",
+    "performer_attention_flops",
+    "nystrom_attention_flops",
+    "SoftmaxAttention",
+    "MonarchAttention",
+    "PerformerAttention",
+    "NystromAttention",
+    "convert_attention",
+]
 
 _LIB_NAME = "libstrata_torch.so"
 
@@ -185,3 +212,24 @@ def paper_gswa_attention(
         out: batch x seq_q x heads_q x head_dim_v (in ``layout``).
     """
     return _ops.paper_gswa_attention(q, k, v, split_a, window, scale, layout)
+
+
+# MLR attention: after the library is loaded (strata.mlr calls torch.ops.strata.mlr_*).
+from .mlr import MLRAttention, mlr_attention, mlr_attention_backward, mlr_attention_forward, pack_segments  # noqa: E402
+# MonarchAttention and the baselines (strata.monarch calls torch.ops.strata.monarch_* etc.).
+from .monarch import (  # noqa: E402
+    MonarchAttention,
+    NystromAttention,
+    PerformerAttention,
+    SoftmaxAttention,
+    convert_attention,
+    monarch_attention,
+    monarch_attention_backward,
+    monarch_attention_flops,
+    monarch_attention_forward,
+    nystrom_attention,
+    nystrom_attention_flops,
+    performer_attention,
+    performer_attention_flops,
+    softmax_attention_flops,
+)

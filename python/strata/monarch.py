@@ -1,0 +1,321 @@
+"""MonarchAttention and the low-rank baselines (Performer, Nystromformer), from Python.
+
+Thin wrappers over ``torch.ops.strata.*`` (registered by ``libstrata_torch.so``, see
+``torch/ops_monarch.cpp``); the math and its exact semantics are documented in
+``torch/include/strata/torch/monarch.h`` (MonarchAttention: steps, blocks, padding, the ``stable``
+and ``reference`` modes, masks) and ``torch/include/strata/torch/baselines.h`` (the baselines and
+how they differ from the paper's reference code).
+
+Shapes, layout "bshd" ("bhsd" swaps dims 1 and 2); self-attention only (q and k share seq)::
+
+    q    batch x seq x heads_q  x head_dim
+    k    batch x seq x heads_kv x head_dim       heads_q % heads_kv == 0 (GQA)
+    v    batch x seq x heads_kv x head_dim_v
+    out  batch x seq x heads_q  x head_dim_v     dtype of q
+    key_padding_mask  batch x seq, bool (True = a real token: used as key AND as query)
+
+Converting a model: a module is *strata-aware* when its forward calls an attribute that computes
+attention from ``(q, k, v, key_padding_mask)`` (default name ``attention``), e.g.::
+
+    class SelfAttention(torch.nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.qkv, self.heads = torch.nn.Linear(dim, 3 * dim), heads
+            self.attention = SoftmaxAttention()          # the pluggable part
+        def forward(self, x, mask=None):
+            q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(2)
+            return self.attention(q, k, v, mask).flatten(2)
+
+    convert_attention(model, lambda i: MonarchAttention(num_steps=2, block_size=16), layers=[0, 1])
+
+replaces the ``attention`` attribute of the first two such modules (in ``model.modules()`` order).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, List, Optional, Tuple
+
+import torch
+
+import strata as _strata  # noqa: F401  (loads libstrata_torch.so)
+
+__all__ = [
+    "monarch_attention",
+    "monarch_attention_forward",
+    "monarch_attention_backward",
+    "performer_attention",
+    "nystrom_attention",
+    "monarch_attention_flops",
+    "softmax_attention_flops",
+    "performer_attention_flops",
+    "nystrom_attention_flops",
+    "SoftmaxAttention",
+    "MonarchAttention",
+    "PerformerAttention",
+    "NystromAttention",
+    "convert_attention",
+]
+
+_ops = torch.ops.strata
+
+
+def monarch_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    num_steps: int = 1,
+    block_size: int = 0,
+    pad: str = "post",
+    mode: str = "stable",
+    scale: Optional[float] = None,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    layout: str = "bshd",
+) -> torch.Tensor:
+    """Differentiable MonarchAttention (an approximation of ``softmax(scale q k^T) v``).
+
+    Args:
+        q, k, v: CPU float32 / bfloat16 (the kernel) or float64 (the double reference: exact
+            gradients for ``torch.autograd.gradcheck``; materialises seq x seq per head).
+        num_steps: T >= 1 alternating-maximisation steps.
+        block_size: B >= 1; 0 means floor(sqrt(seq)); B >= seq is exact softmax attention.
+        pad: "post" or "pre": where seq is zero-padded to a multiple of B.
+        mode: "stable" (default) or "reference" (the paper's code's arithmetic, eps included).
+        scale: logit scale; None means 1/sqrt(head_dim).
+        key_padding_mask: batch x seq bool; masked tokens are neither keys nor queries (stable
+            mode: their output rows are zeros).
+        layout: "bshd" or "bhsd".
+
+    Returns:
+        out: batch x seq x heads_q x head_dim_v. Differentiable once.
+    """
+    return _ops.monarch_attention(q, k, v, num_steps, block_size, pad, mode, scale, key_padding_mask, layout)
+
+
+def monarch_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    num_steps: int = 1,
+    block_size: int = 0,
+    pad: str = "post",
+    mode: str = "stable",
+    scale: Optional[float] = None,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    layout: str = "bshd",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The forward kernel alone (no autograd); float32 / bfloat16. Options as :func:`monarch_attention`.
+
+    Returns:
+        (out, state): state is batch x heads_q x (T-1) x (M*B) x head_dim float32 (M = ceil(seq/B)),
+        the input of every R-step after the first, for :func:`monarch_attention_backward`.
+    """
+    return _ops.monarch_attention_forward(q, k, v, num_steps, block_size, pad, mode, scale, key_padding_mask, layout)
+
+
+def monarch_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: Optional[torch.Tensor],
+    dout: torch.Tensor,
+    *,
+    num_steps: int = 1,
+    block_size: int = 0,
+    pad: str = "post",
+    mode: str = "stable",
+    scale: Optional[float] = None,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    layout: str = "bshd",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward kernel alone; options must equal the forward's. state None: recomputed.
+
+    Returns:
+        (dq, dk, dv) with the shapes and dtype of q, k, v.
+    """
+    return _ops.monarch_attention_backward(
+        q, k, v, state, dout, num_steps, block_size, pad, mode, scale, key_padding_mask, layout
+    )
+
+
+def performer_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_features: int,
+    *,
+    seed: Optional[int] = None,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    layout: str = "bshd",
+) -> torch.Tensor:
+    """Performer (FAVOR+ positive random features), differentiable by torch autograd.
+
+    ``num_features`` Gaussian features shared by all batches and heads; ``seed`` None draws them
+    from torch's default generator on every call (as the paper's code), an int makes the output
+    reproducible bit for bit. Masked tokens are not keys and output zeros.
+    """
+    return _ops.performer_attention(q, k, v, num_features, seed, key_padding_mask, scale, layout)
+
+
+def nystrom_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_landmarks: int,
+    *,
+    pinv_iters: int = 6,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    layout: str = "bshd",
+) -> torch.Tensor:
+    """Nystromformer (segment-mean landmarks, iterative pseudo-inverse), differentiable by torch.
+
+    Landmarks average the valid tokens of contiguous segments (every token is in one; a padded
+    sequence gives the result of the unpadded one); ``num_landmarks >= seq`` is softmax attention
+    up to the pseudo-inverse iteration's error. Masked tokens are not keys and output zeros.
+    """
+    return _ops.nystrom_attention(q, k, v, num_landmarks, pinv_iters, key_padding_mask, scale, layout)
+
+
+def monarch_attention_flops(N: int, heads: int, D: int, Dv: int, T: int, B: int) -> float:
+    """FLOPs (2 x matmul MACs, the paper's count) of one sequence, all heads. B = 0: floor(sqrt(N))."""
+    return _ops.monarch_attention_flops(N, heads, D, Dv, T, B)
+
+
+def softmax_attention_flops(N: int, D: int, Dv: int = -1) -> float:
+    """FLOPs of dense attention per (sequence, head): 2 N^2 (D + Dv) = 4 N^2 D for Dv = D."""
+    return _ops.softmax_attention_flops(N, D, Dv)
+
+
+def performer_attention_flops(N: int, D: int, Dv: int, num_features: int) -> float:
+    """FLOPs per (sequence, head): 2 N r (2 D + 2 Dv + 1)."""
+    return _ops.performer_attention_flops(N, D, Dv, num_features)
+
+
+def nystrom_attention_flops(N: int, D: int, Dv: int, num_landmarks: int, pinv_iters: int = 6) -> float:
+    """FLOPs per (sequence, head), m = min(landmarks, N): 2 (2 N m (D + Dv) + m^2 (D + Dv) + 6 iters m^3)."""
+    return _ops.nystrom_attention_flops(N, D, Dv, num_landmarks, pinv_iters)
+
+
+class SoftmaxAttention(torch.nn.Module):
+    """Exact softmax attention by strata's dense kernel: ``forward(q, k, v, key_padding_mask=None)``."""
+
+    def __init__(self, *, scale: Optional[float] = None, layout: str = "bshd"):
+        super().__init__()
+        self.scale, self.layout = scale, layout
+
+    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _strata.attention(q, k, v, scale=self.scale, key_padding_mask=key_padding_mask, layout=self.layout)
+
+
+class MonarchAttention(torch.nn.Module):
+    """MonarchAttention as a drop-in attention computation: ``forward(q, k, v, key_padding_mask=None)``.
+
+    No parameters (zero-shot: it replaces softmax attention in a pretrained model as is). Options
+    as :func:`monarch_attention`.
+    """
+
+    def __init__(
+        self,
+        num_steps: int = 1,
+        block_size: int = 0,
+        *,
+        pad: str = "post",
+        mode: str = "stable",
+        scale: Optional[float] = None,
+        layout: str = "bshd",
+    ):
+        super().__init__()
+        self.num_steps, self.block_size, self.pad, self.mode = num_steps, block_size, pad, mode
+        self.scale, self.layout = scale, layout
+
+    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return monarch_attention(
+            q,
+            k,
+            v,
+            num_steps=self.num_steps,
+            block_size=self.block_size,
+            pad=self.pad,
+            mode=self.mode,
+            scale=self.scale,
+            key_padding_mask=key_padding_mask,
+            layout=self.layout,
+        )
+
+    def extra_repr(self) -> str:
+        return f"num_steps={self.num_steps}, block_size={self.block_size}, pad={self.pad!r}, mode={self.mode!r}"
+
+
+class PerformerAttention(torch.nn.Module):
+    """:func:`performer_attention` as a module: ``forward(q, k, v, key_padding_mask=None)``."""
+
+    def __init__(self, num_features: int, *, seed: Optional[int] = None, scale: Optional[float] = None,
+                 layout: str = "bshd"):
+        super().__init__()
+        self.num_features, self.seed, self.scale, self.layout = num_features, seed, scale, layout
+
+    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return performer_attention(q, k, v, self.num_features, seed=self.seed, key_padding_mask=key_padding_mask,
+                                   scale=self.scale, layout=self.layout)
+
+
+class NystromAttention(torch.nn.Module):
+    """:func:`nystrom_attention` as a module: ``forward(q, k, v, key_padding_mask=None)``."""
+
+    def __init__(self, num_landmarks: int, *, pinv_iters: int = 6, scale: Optional[float] = None,
+                 layout: str = "bshd"):
+        super().__init__()
+        self.num_landmarks, self.pinv_iters, self.scale, self.layout = num_landmarks, pinv_iters, scale, layout
+
+    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return nystrom_attention(q, k, v, self.num_landmarks, pinv_iters=self.pinv_iters,
+                                 key_padding_mask=key_padding_mask, scale=self.scale, layout=self.layout)
+
+
+def convert_attention(
+    model: torch.nn.Module,
+    make_attention: Callable[[int], Callable],
+    layers: Optional[Iterable[int]] = None,
+    *,
+    attr: str = "attention",
+) -> List[str]:
+    """Replaces the attention computation of a strata-aware model (see the module docstring).
+
+    The attention sites are the submodules of ``model`` (itself included) that have a callable
+    attribute ``attr``, numbered 0, 1, ... in ``model.modules()`` order; a site's own attention
+    module (e.g. a :class:`MonarchAttention` already installed) is not a site itself.
+
+    Args:
+        model: the model; changed in place.
+        make_attention: called as ``make_attention(i)`` for site i; returns the new attention (an
+            ``nn.Module`` or any callable ``(q, k, v, key_padding_mask) -> out``).
+        layers: the site indices to convert; None converts every site.
+        attr: the attribute name of the attention computation.
+
+    Returns:
+        The qualified names of the converted modules, in order.
+
+    Raises:
+        ValueError: no site found, or an index out of range / repeated.
+    """
+    sites = [(name, mod) for name, mod in model.named_modules() if callable(getattr(mod, attr, None))]
+    if not sites:
+        raise ValueError(f"convert_attention: no submodule of {type(model).__name__} has a callable attribute {attr!r}")
+    chosen = list(range(len(sites))) if layers is None else [int(i) for i in layers]
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"convert_attention: argument 'layers': expected distinct indices, got {chosen}")
+    for i in chosen:
+        if not 0 <= i < len(sites):
+            raise ValueError(f"convert_attention: argument 'layers': expected indices in [0, {len(sites)}), got {i}")
+    converted = []
+    for i in chosen:
+        name, mod = sites[i]
+        new = make_attention(i)
+        if attr in mod._modules and not isinstance(new, torch.nn.Module):
+            delattr(mod, attr)  # a registered submodule cannot be overwritten by a plain callable
+        setattr(mod, attr, new)
+        converted.append(name)
+    return converted

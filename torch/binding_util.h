@@ -1,0 +1,119 @@
+// torch/binding_util.h (private to torch/): the small pieces every binding file of a kernel
+// family needs: logical dims of a 4-D tensor in a layout, the "bshd" / "bhsd" parser, output
+// allocation in the memory order of an input, strata::Error -> c10::Error, and the
+// once-differentiable guard for autograd Functions whose backward is a kernel.
+// (attention.cpp, ops.cpp and autograd.cpp keep their own copies of the same helpers.)
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "strata/attention.h"
+#include "strata/error.h"
+
+namespace strata::torch::binding {
+
+using detail::cat;
+
+// Logical (batch, seq, heads, dim) of a 4-D tensor in a layout.
+struct Dims4 {
+  int64_t b, s, h, d;
+};
+inline constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
+
+// Dims of a 4-D tensor t (batch x seq x heads x dim in BSHD, dims 1 and 2 swapped in BHSD).
+inline Dims4 dims(const at::Tensor& t, Layout l) {
+  return {t.size(0), t.size(kSeqDim[int(l)]), t.size(kHeadDim[int(l)]), t.size(3)};
+}
+inline std::string dims_str(const Dims4& d) {
+  return cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
+}
+inline const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "bhsd"; }
+
+// Torch's name of a tensor's dtype ("float32", "int64", ...).
+inline std::string torch_dtype_name(const at::Tensor& t) { return c10::getDtypeNames(t.scalar_type()).first; }
+
+// Parses "bshd" / "bhsd"; throws naming 'layout' otherwise.
+inline Layout parse_layout(const char* where, const std::string& s) {
+  if (s == "bshd") return Layout::BSHD;
+  if (s == "bhsd") return Layout::BHSD;
+  throw_arg(where, "layout", "\"bshd\" or \"bhsd\"", cat("\"", s, "\""));
+}
+
+// Throws unless t is a defined 4-D tensor (needed before any size is read).
+inline void check_4d(const char* where, const char* arg, const at::Tensor& t, Layout l) {
+  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
+  STRATA_CHECK_ARG(t.dim() == 4, where, arg,
+                   cat("a 4-D tensor (", l == Layout::BSHD ? "batch, seq, heads, dim" : "batch, heads, seq, dim",
+                       ") in layout ", layout_name(l)),
+                   cat(t.dim(), "-D ", t.sizes()));
+}
+
+// A strided CPU tensor with sizes `sizes`, laid out in memory in the dim order of `like`
+// (as empty_like does: only when `like` is non-overlapping and dense, else contiguous).
+inline at::Tensor empty_in_order_of(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType dtype) {
+  const auto opt = at::TensorOptions().dtype(dtype).device(at::kCPU);
+  if (!like.is_non_overlapping_and_dense() || like.dim() != int64_t(sizes.size())) return at::empty(sizes, opt);
+  std::vector<int64_t> order(sizes.size()), strides(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  const auto ls = like.strides();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ls[a] > ls[b]; });
+  int64_t s = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[size_t(*it)] = s;
+    s *= std::max<int64_t>(sizes[size_t(*it)], 1);
+  }
+  return at::empty_strided(sizes, strides, opt);
+}
+
+// A float64 tensor with logical dims (b, s, h, d) in layout l whose memory is BSHD-contiguous:
+// the order strata::reference writes its outputs in.
+inline at::Tensor empty_reference_out(Layout l, int64_t b, int64_t s, int64_t h, int64_t d) {
+  const auto opt = at::TensorOptions().dtype(at::kDouble).device(at::kCPU);
+  if (l == Layout::BSHD) return at::empty({b, s, h, d}, opt);
+  return at::empty_strided({b, h, s, d}, {s * h * d, d, h * d, 1}, opt);
+}
+
+// A copy of e whose message starts with `to` instead of `from` (when it starts with `from`): for
+// errors of a core function called to validate arguments on another function's behalf.
+inline Error readdressed(const Error& e, const char* from, const char* to) {
+  const std::string m = e.what(), f = from;
+  return Error(m.rfind(f, 0) == 0 ? cat(to, m.substr(f.size())) : m);
+}
+
+// Runs f; rethrows a strata::Error as a c10::Error carrying the same message.
+template <class F>
+auto rethrow_as_c10(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+// With create_graph=True the engine runs backward in grad mode, but a kernel's gradients are not
+// differentiable. As Python's @once_differentiable does, route them through a DelayedError node
+// so that differentiating them again raises instead of silently dropping second-order terms.
+inline ::torch::autograd::variable_list once_differentiable(::torch::autograd::variable_list grads,
+                                                            const ::torch::autograd::variable_list& depends_on,
+                                                            const char* what) {
+  if (!at::GradMode::is_enabled()) return grads;
+  bool any = false;
+  for (const at::Tensor& t : depends_on) any = any || (t.defined() && t.requires_grad());
+  if (!any) return grads;
+  for (at::Tensor& g : grads)
+    if (g.defined()) g = g.detach().requires_grad_();
+  auto err = std::make_shared<::torch::autograd::DelayedError>(
+      cat(what, ": double backward is not supported (its backward is a kernel, differentiable once)"),
+      int64_t(grads.size()));
+  return (*err)(std::move(grads));
+}
+
+}  // namespace strata::torch::binding

@@ -1,0 +1,283 @@
+// torch/mlr.cpp: the LibTorch binding of MLR attention. Checks devices, dtypes and shapes (every
+// error names the argument, expected and got), turns MlrArgs into strata::MlrOptions (segment
+// lists as int64 pointers, kept alive for the call), allocates outputs, wraps at::Tensor as
+// strata::TensorView (no copies) and calls the torch-free core (include/strata/mlr.h).
+// Also here: the float64 reference path (strata::reference checks nothing, so the same checks
+// run in front of it) and MlrFunction, the autograd Function behind mlr_attention().
+#include "strata/torch/mlr.h"
+
+#include <torch/autograd.h>
+
+#include <array>
+#include <cstring>
+
+#include "binding_util.h"
+#include "strata/error.h"
+#include "strata/torch/attention.h"
+
+namespace strata::torch {
+namespace {
+
+using binding::cat;
+using binding::check_4d;
+using binding::dims;
+using binding::Dims4;
+using binding::dims_str;
+using binding::torch_dtype_name;
+
+// MlrOptions and the int64 tensors its segment pointers point into (contiguous copies where the
+// caller's were not); valid while this object lives.
+struct ResolvedOptions {
+  MlrOptions opt;
+  at::Tensor segment_starts, segment_offsets;
+};
+
+// A defined optional tensor, or an undefined one.
+at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? *t : at::Tensor();
+}
+
+// Checks that t is a 1-D int64 CPU tensor; returns it contiguous.
+at::Tensor int64_list(const char* where, const char* arg, const at::Tensor& t) {
+  STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", cat("a tensor on ", t.device().str()));
+  STRATA_CHECK_ARG(t.layout() == at::kStrided, where, arg, "a strided (dense) tensor", cat("layout ", t.layout()));
+  STRATA_CHECK_ARG(t.dim() == 1, where, arg, "a 1-D tensor", cat(t.dim(), "-D ", t.sizes()));
+  STRATA_CHECK_ARG(t.scalar_type() == at::kLong, where, arg, "dtype int64", torch_dtype_name(t));
+  return t.contiguous();
+}
+
+// Converts the user-facing arguments to core options. batch: q's batch (the length
+// segment_offsets must have, minus one). Value checks (ranks, blocks, segments) are the core's.
+ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int64_t batch) {
+  ResolvedOptions r;
+  MlrOptions& o = r.opt;
+  const int64_t L = int64_t(a.ranks.size());
+  STRATA_CHECK_ARG(L >= 1 && L <= MlrOptions::kMaxLevels, where, "ranks",
+                   cat("1..", MlrOptions::kMaxLevels, " ranks r_1..r_L (one per level)"), cat(L, " ranks"));
+  o.num_levels = int(L);
+  std::copy(a.ranks.begin(), a.ranks.end(), o.ranks);
+  STRATA_CHECK_ARG(a.block_sizes.empty() || int64_t(a.block_sizes.size()) == L, where, "block_sizes",
+                   cat("empty (default blocks) or ", L, " sizes (one per rank)"), cat(a.block_sizes.size(), " sizes"));
+  std::copy(a.block_sizes.begin(), a.block_sizes.end(), o.block_sizes);
+  o.context = a.context;
+  if (const at::Tensor s = defined_or_empty(a.segment_starts); s.defined()) {
+    r.segment_starts = int64_list(where, "segment_starts", s);
+    o.segment_starts = r.segment_starts.numel() > 0 ? r.segment_starts.data_ptr<int64_t>() : nullptr;
+    o.num_segment_starts = r.segment_starts.numel();
+  }
+  if (const at::Tensor s = defined_or_empty(a.segment_offsets); s.defined()) {
+    r.segment_offsets = int64_list(where, "segment_offsets", s);
+    // The core reads batch + 1 entries through a bare pointer: the length is checked here.
+    STRATA_CHECK_ARG(r.segment_offsets.numel() == batch + 1, where, "segment_offsets",
+                     cat(batch + 1, " offsets (batch + 1)"), cat(r.segment_offsets.numel(), " offsets"));
+    o.segment_offsets = r.segment_offsets.data_ptr<int64_t>();
+  }
+  o.mask_cross_segment = a.mask_cross_segment;
+  if (a.scale == "inv_rank")
+    o.scale = MlrScale::inv_rank;
+  else if (a.scale == "inv_sqrt_head_dim")
+    o.scale = MlrScale::inv_sqrt_head_dim;
+  else
+    throw_arg(where, "scale", "\"inv_rank\" or \"inv_sqrt_head_dim\"", cat("\"", a.scale, "\""));
+  o.divide_by_num_levels = a.divide_by_num_levels;
+  o.level_average = a.level_average;
+  o.causal = a.causal;
+  o.layout = l;
+  return r;
+}
+
+// Everything the core's own checks cover, for the reference (which checks nothing); q, k, v may
+// be float32, bfloat16 or float64 (one dtype). The level options are validated by the core's
+// FLOP counter (same rules as the kernel), its messages re-addressed to `where`.
+void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const MlrOptions& o) {
+  const Layout l = o.layout;
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q");
+  STRATA_CHECK_ARG(qv.dtype == DType::f32 || qv.dtype == DType::bf16 || qv.dtype == DType::f64, where, "q",
+                   "dtype float32, bfloat16 or float64", dtype_name(qv.dtype));
+  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
+                   torch_dtype_name(k));
+  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
+                   torch_dtype_name(v));
+  view_of(k, where, "k");
+  view_of(v, where, "v");
+  const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  STRATA_CHECK_ARG(dk.b == dq.b && dk.d == dq.d, where, "k",
+                   cat(dims_str({dq.b, dk.s, dk.h, dq.d}), " (batch and head_dim of q)"), dims_str(dk));
+  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dk.s && dv.h == dk.h, where, "v",
+                   cat(dims_str({dq.b, dk.s, dk.h, dv.d}), " (batch of q, seq and heads of k)"), dims_str(dv));
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  int64_t sum = 0;
+  for (int i = 0; i < o.num_levels; ++i) sum += o.ranks[i];
+  STRATA_CHECK_ARG(sum == dq.d, where, "ranks", cat("r_1 + .. + r_L = head_dim ", dq.d, " (q's last dim)"), sum);
+  try {
+    strata::mlr_attention_flops(dq.b, dq.h, dq.s, dk.s, dv.d, o);
+  } catch (const Error& e) {
+    throw binding::readdressed(e, "mlr_attention_flops", where);
+  }
+}
+
+// ---- autograd ----------------------------------------------------------------------------------
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+// Stores the non-tensor options in ctx (the segment tensors go through save_for_backward).
+void save_options(AutogradContext* ctx, const MlrArgs& a) {
+  ctx->saved_data["ranks"] = a.ranks;
+  ctx->saved_data["block_sizes"] = a.block_sizes;
+  ctx->saved_data["context"] = a.context;
+  ctx->saved_data["mask_cross_segment"] = a.mask_cross_segment;
+  ctx->saved_data["scale"] = a.scale;
+  ctx->saved_data["divide_by_num_levels"] = a.divide_by_num_levels;
+  ctx->saved_data["level_average"] = a.level_average;
+  ctx->saved_data["causal"] = a.causal;
+  ctx->saved_data["layout"] = a.layout;
+}
+
+// Rebuilds the forward's MlrArgs from ctx and the saved (possibly undefined) segment tensors.
+MlrArgs load_options(AutogradContext* ctx, const at::Tensor& segment_starts, const at::Tensor& segment_offsets) {
+  MlrArgs a;
+  a.ranks = ctx->saved_data.at("ranks").toIntVector();
+  a.block_sizes = ctx->saved_data.at("block_sizes").toIntVector();
+  a.context = ctx->saved_data.at("context").toInt();
+  a.mask_cross_segment = ctx->saved_data.at("mask_cross_segment").toBool();
+  a.scale = ctx->saved_data.at("scale").toStringRef();
+  a.divide_by_num_levels = ctx->saved_data.at("divide_by_num_levels").toBool();
+  a.level_average = ctx->saved_data.at("level_average").toBool();
+  a.causal = ctx->saved_data.at("causal").toBool();
+  a.layout = ctx->saved_data.at("layout").toStringRef();
+  if (segment_starts.defined()) a.segment_starts = segment_starts;
+  if (segment_offsets.defined()) a.segment_offsets = segment_offsets;
+  return a;
+}
+
+struct MlrFunction : public ::torch::autograd::Function<MlrFunction> {
+  // q, k, v in a.layout (see the header); returns out: batch x seq_q x heads_q x head_dim_v.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const MlrArgs& a) {
+    at::Tensor out, lse;
+    if (q.defined() && q.scalar_type() == at::kDouble)
+      std::tie(out, lse) = reference_mlr_attention_forward(q, k, v, a);
+    else
+      std::tie(out, lse) = mlr_attention_forward(q, k, v, a);
+    ctx->save_for_backward(
+        {q, k, v, out, lse, defined_or_empty(a.segment_starts), defined_or_empty(a.segment_offsets)});
+    save_options(ctx, a);
+    return out;
+  }
+
+  // grads[0]: d loss / d out (shape of out). Returns (dq, dk, dv, nothing for the options).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4];
+    const MlrArgs a = load_options(ctx, s[5], s[6]);
+    at::Tensor dq, dk, dv;
+    if (q.scalar_type() == at::kDouble)
+      std::tie(dq, dk, dv) = reference_mlr_attention_backward(q, k, v, grads[0], a);
+    else
+      std::tie(dq, dk, dv) = mlr_attention_backward(q, k, v, out, lse, grads[0], a);
+    variable_list out_grads = binding::once_differentiable({dq, dk, dv}, {q, k, v, grads[0]}, "strata mlr_attention");
+    out_grads.emplace_back();  // no gradient for the options
+    return out_grads;
+  }
+};
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> mlr_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const MlrArgs& a) {
+  const char* where = "mlr_attention_forward";
+  const Layout l = binding::parse_layout(where, a.layout);
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
+  const ResolvedOptions r = make_options(where, a, l, q.size(0));
+  const Dims4 dq = dims(q, l);
+  // out: batch x seq_q x heads_q x head_dim_v (in q's layout and memory order)
+  const std::array<int64_t, 4> out_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
+  at::Tensor out = binding::empty_in_order_of(q, out_sizes, q.scalar_type());
+  // lse: batch x heads_q x seq_q
+  at::Tensor lse = at::empty({dq.b, dq.h, dq.s}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  strata::mlr_attention_forward(qv, kv, vv, view_of(out, where, "out"), view_of(lse, where, "lse"), r.opt);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::Tensor& q, const at::Tensor& k,
+                                                                      const at::Tensor& v, const at::Tensor& out,
+                                                                      const at::Tensor& lse, const at::Tensor& dout,
+                                                                      const MlrArgs& a) {
+  const char* where = "mlr_attention_backward";
+  const Layout l = binding::parse_layout(where, a.layout);
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
+  const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
+  const TensorView gv = view_of(dout, where, "dout");
+  const ResolvedOptions r = make_options(where, a, l, q.size(0));
+  // dq, dk, dv: shapes, dtypes and memory order of q, k, v
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  strata::mlr_attention_backward(qv, kv, vv, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
+                                 view_of(dv, where, "dv"), r.opt);
+  return {dq, dk, dv};
+}
+
+at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a) {
+  return MlrFunction::apply(q, k, v, a);
+}
+
+MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, int64_t head_dim_v,
+                             const MlrArgs& a) {
+  const char* where = "mlr_attention_flops";
+  const ResolvedOptions r = make_options(where, a, binding::parse_layout(where, a.layout), batch);
+  return strata::mlr_attention_flops(batch, heads_q, seq_q, seq_k, head_dim_v, r.opt);
+}
+
+std::tuple<at::Tensor, at::Tensor> reference_mlr_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                   const at::Tensor& v, const MlrArgs& a) {
+  const char* where = "reference_mlr_attention_forward";
+  const Layout l = binding::parse_layout(where, a.layout);
+  check_4d(where, "q", q, l);
+  const ResolvedOptions r = make_options(where, a, l, q.size(0));
+  check_reference_inputs(where, q, k, v, r.opt);
+  const Dims4 dq = dims(q, l);
+  at::Tensor out = binding::empty_reference_out(l, dq.b, dq.s, dq.h, v.size(3));
+  at::Tensor lse = at::empty({dq.b, dq.h, dq.s}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
+  reference::mlr_attention_forward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), r.opt,
+                                   out.data_ptr<double>(), lse.data_ptr<double>());
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_mlr_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const MlrArgs& a) {
+  const char* where = "reference_mlr_attention_backward";
+  const Layout l = binding::parse_layout(where, a.layout);
+  check_4d(where, "q", q, l);
+  const ResolvedOptions r = make_options(where, a, l, q.size(0));
+  check_reference_inputs(where, q, k, v, r.opt);
+  check_4d(where, "dout", dout, l);
+  const Dims4 dq = dims(q, l), dk = dims(k, l), want{dq.b, dq.s, dq.h, v.size(3)}, got = dims(dout, l);
+  STRATA_CHECK_ARG(got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d, where, "dout",
+                   cat(dims_str(want), " (shape of out)"), dims_str(got));
+  STRATA_CHECK_ARG(dout.scalar_type() == q.scalar_type(), where, "dout",
+                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(dout));
+  view_of(dout, where, "dout");
+  at::Tensor gq = binding::empty_reference_out(l, dq.b, dq.s, dq.h, dq.d);
+  at::Tensor gk = binding::empty_reference_out(l, dk.b, dk.s, dk.h, dk.d);
+  at::Tensor gv = binding::empty_reference_out(l, dk.b, dk.s, dk.h, v.size(3));
+  reference::mlr_attention_backward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"),
+                                    view_of(dout, where, "dout"), r.opt, gq.data_ptr<double>(), gk.data_ptr<double>(),
+                                    gv.data_ptr<double>());
+  return {gq, gk, gv};
+}
+
+}  // namespace strata::torch

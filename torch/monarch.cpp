@@ -1,0 +1,253 @@
+// torch/monarch.cpp: the LibTorch binding of MonarchAttention. Checks devices, dtypes and shapes
+// (every error names the argument, expected and got), allocates out / state / gradients, wraps
+// at::Tensor as strata::TensorView (no copies) and calls the torch-free core
+// (include/strata/monarch.h). Also the float64 reference path (strata::reference checks little
+// itself, so the core's checks run in front of it), the autograd Function and the FLOP count.
+#include "strata/torch/monarch.h"
+
+#include <torch/autograd.h>
+
+#include <cmath>
+
+#include "binding_util.h"
+#include "strata/error.h"
+#include "strata/torch/attention.h"  // view_of
+
+namespace strata::torch {
+namespace {
+
+using binding::cat;
+using binding::Dims4;
+using binding::dims;
+using binding::dims_str;
+using binding::torch_dtype_name;
+
+MonarchPad parse_pad(const char* where, const std::string& s) {
+  if (s == "post") return MonarchPad::post;
+  if (s == "pre") return MonarchPad::pre;
+  throw_arg(where, "pad", "\"post\" or \"pre\"", cat("\"", s, "\""));
+}
+
+MonarchMode parse_mode(const char* where, const std::string& s) {
+  if (s == "stable") return MonarchMode::stable;
+  if (s == "reference") return MonarchMode::reference;
+  throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
+}
+
+// Converts the user-facing arguments to core options (the mask as a view, no copy).
+MonarchOptions make_options(const char* where, const MonarchArgs& a) {
+  MonarchOptions o;
+  o.num_steps = a.num_steps;
+  o.block_size = a.block_size;
+  o.pad = parse_pad(where, a.pad);
+  o.mode = parse_mode(where, a.mode);
+  o.layout = binding::parse_layout(where, a.layout);
+  STRATA_CHECK_ARG(a.num_steps >= 1, where, "num_steps", ">= 1", a.num_steps);
+  STRATA_CHECK_ARG(a.block_size >= 0, where, "block_size", ">= 1, or 0 for floor(sqrt(seq))", a.block_size);
+  if (a.scale.has_value()) {
+    const double s = *a.scale;
+    STRATA_CHECK_ARG(std::isfinite(s) && std::isfinite(float(s)), where, "scale",
+                     "a finite float32 value (or None for 1/sqrt(head_dim))", s);
+    o.scale = float(s);
+  }
+  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
+    o.key_padding_mask = view_of(*a.key_padding_mask, where, "key_padding_mask");
+  return o;
+}
+
+// q, k, v 4-D (sizes are read below) and their views.
+struct Inputs {
+  TensorView q, k, v;
+};
+Inputs views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Layout l) {
+  binding::check_4d(where, "q", q, l);
+  binding::check_4d(where, "k", k, l);
+  binding::check_4d(where, "v", v, l);
+  return {view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v")};
+}
+
+// The state tensor of a forward: batch x heads_q x (T-1) x (M*B) x head_dim float32.
+at::Tensor empty_state(const at::Tensor& q, const MonarchOptions& o) {
+  const Dims4 d = dims(q, o.layout);
+  const MonarchGeometry g = monarch_geometry(d.s, o);
+  return at::empty({d.b, d.h, o.num_steps - 1, g.padded_len, d.d},
+                   at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+}
+
+// Everything the core's kernel checks, for the reference (which checks little); q, k, v may be
+// float32, bfloat16 or float64 (one dtype).
+void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const MonarchOptions& o) {
+  const Inputs in = views(where, q, k, v, o.layout);
+  STRATA_CHECK_ARG(in.q.dtype == DType::f32 || in.q.dtype == DType::bf16 || in.q.dtype == DType::f64, where, "q",
+                   "dtype float32, bfloat16 or float64", dtype_name(in.q.dtype));
+  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k",
+                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(k));
+  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v",
+                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(v));
+  const Dims4 dq = dims(q, o.layout), dk = dims(k, o.layout), dv = dims(v, o.layout);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  STRATA_CHECK_ARG(dk.b == dq.b && dk.s == dq.s && dk.d == dq.d, where, "k",
+                   cat(dims_str({dq.b, dq.s, dk.h, dq.d}),
+                       " (batch, seq and head_dim of q: self-attention only, no cross-attention)"),
+                   dims_str(dk));
+  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dq.s && dv.h == dk.h, where, "v",
+                   cat(dims_str({dq.b, dq.s, dk.h, dv.d}), " (batch and seq of q, heads of k)"), dims_str(dv));
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  const TensorView& m = o.key_padding_mask;
+  if (m.ndim != 0) {
+    STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dq.s, where, "key_padding_mask",
+                     cat("shape [", dq.b, ", ", dq.s, "] (batch, seq)"), m.shape_str());
+    STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> monarch_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const MonarchArgs& a) {
+  const char* where = "monarch_attention_forward";
+  const MonarchOptions opt = make_options(where, a);
+  const Inputs in = views(where, q, k, v, opt.layout);
+  // out: batch x seq x heads_q x head_dim_v (in q's layout and memory order)
+  at::Tensor out = binding::empty_in_order_of(q, {q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type());
+  at::Tensor state = empty_state(q, opt);
+  strata::monarch_attention_forward(in.q, in.k, in.v, view_of(out, where, "out"), view_of(state, where, "state"),
+                                    opt);
+  return {out, state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> monarch_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
+    const at::Tensor& dout, const MonarchArgs& a) {
+  const char* where = "monarch_attention_backward";
+  const MonarchOptions opt = make_options(where, a);
+  const Inputs in = views(where, q, k, v, opt.layout);
+  const TensorView sv = state.defined() ? view_of(state, where, "state") : TensorView{};
+  const TensorView gv = view_of(dout, where, "dout");
+  // dq, dk, dv: shapes, dtypes and memory order of q, k, v
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  strata::monarch_attention_backward(in.q, in.k, in.v, sv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
+                                     view_of(dv, where, "dv"), opt);
+  return {dq, dk, dv};
+}
+
+at::Tensor reference_monarch_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const MonarchArgs& a) {
+  const char* where = "reference_monarch_attention_forward";
+  const MonarchOptions opt = make_options(where, a);
+  check_reference_inputs(where, q, k, v, opt);
+  const Dims4 d = dims(q, opt.layout);
+  at::Tensor out = binding::empty_reference_out(opt.layout, d.b, d.s, d.h, v.size(3));
+  reference::monarch_attention_forward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), opt,
+                                       out.data_ptr<double>());
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_monarch_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const MonarchArgs& a) {
+  const char* where = "reference_monarch_attention_backward";
+  const MonarchOptions opt = make_options(where, a);
+  check_reference_inputs(where, q, k, v, opt);
+  binding::check_4d(where, "dout", dout, opt.layout);
+  const Dims4 dq = dims(q, opt.layout), dk = dims(k, opt.layout), want{dq.b, dq.s, dq.h, v.size(3)},
+              got = dims(dout, opt.layout);
+  STRATA_CHECK_ARG(got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d, where, "dout",
+                   cat(dims_str(want), " (shape of out)"), dims_str(got));
+  STRATA_CHECK_ARG(dout.scalar_type() == q.scalar_type(), where, "dout",
+                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(dout));
+  const TensorView gview = view_of(dout, where, "dout");
+  at::Tensor gq = binding::empty_reference_out(opt.layout, dq.b, dq.s, dq.h, dq.d);
+  at::Tensor gk = binding::empty_reference_out(opt.layout, dk.b, dk.s, dk.h, dk.d);
+  at::Tensor gv = binding::empty_reference_out(opt.layout, dk.b, dk.s, dk.h, v.size(3));
+  reference::monarch_attention_backward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), gview,
+                                        opt, gq.data_ptr<double>(), gk.data_ptr<double>(), gv.data_ptr<double>());
+  return {gq, gk, gv};
+}
+
+// ---- autograd ------------------------------------------------------------------------------------
+namespace {
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+void save_options(AutogradContext* ctx, const MonarchArgs& a) {
+  ctx->saved_data["num_steps"] = a.num_steps;
+  ctx->saved_data["block_size"] = a.block_size;
+  ctx->saved_data["pad"] = a.pad;
+  ctx->saved_data["mode"] = a.mode;
+  ctx->saved_data["scale"] = a.scale.has_value() ? c10::IValue(*a.scale) : c10::IValue();
+  ctx->saved_data["layout"] = a.layout;
+}
+
+MonarchArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_mask) {
+  MonarchArgs a;
+  a.num_steps = ctx->saved_data.at("num_steps").toInt();
+  a.block_size = ctx->saved_data.at("block_size").toInt();
+  a.pad = ctx->saved_data.at("pad").toStringRef();
+  a.mode = ctx->saved_data.at("mode").toStringRef();
+  const c10::IValue& scale = ctx->saved_data.at("scale");
+  if (!scale.isNone()) a.scale = scale.toDouble();
+  a.layout = ctx->saved_data.at("layout").toStringRef();
+  if (key_padding_mask.defined()) a.key_padding_mask = key_padding_mask;
+  return a;
+}
+
+struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
+  // q, k, v in a.layout; returns out: batch x seq x heads_q x head_dim_v.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const MonarchArgs& a) {
+    at::Tensor out, state;  // state stays undefined on the float64 path (the reference recomputes)
+    if (q.defined() && q.scalar_type() == at::kDouble)
+      out = reference_monarch_attention_forward(q, k, v, a);
+    else
+      std::tie(out, state) = monarch_attention_forward(q, k, v, a);
+    ctx->save_for_backward({q, k, v, state, a.key_padding_mask.value_or(at::Tensor())});
+    save_options(ctx, a);
+    return out;
+  }
+
+  // grads[0]: d loss / d out. Returns (dq, dk, dv, nothing for the options).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &state = s[3];
+    const MonarchArgs a = load_options(ctx, s[4]);
+    const at::Tensor& dout = grads[0];  // materialised by the engine; may be expanded (any strides)
+    at::Tensor dq, dk, dv;
+    if (q.scalar_type() == at::kDouble)
+      std::tie(dq, dk, dv) = reference_monarch_attention_backward(q, k, v, dout, a);
+    else
+      std::tie(dq, dk, dv) = monarch_attention_backward(q, k, v, state, dout, a);
+    variable_list out = binding::once_differentiable({dq, dk, dv}, {q, k, v, grads[0]}, "monarch_attention");
+    out.emplace_back();  // no gradient for the options
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MonarchArgs& a) {
+  return MonarchFunction::apply(q, k, v, a);
+}
+
+double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B) {
+  const char* where = "monarch_attention_flops";
+  STRATA_CHECK_ARG(N >= 0, where, "N", ">= 0", N);
+  STRATA_CHECK_ARG(heads >= 0, where, "heads", ">= 0", heads);
+  STRATA_CHECK_ARG(D >= 0, where, "D", ">= 0", D);
+  STRATA_CHECK_ARG(Dv >= 0, where, "Dv", ">= 0", Dv);
+  STRATA_CHECK_ARG(T >= 1, where, "T", ">= 1", T);
+  STRATA_CHECK_ARG(B >= 0, where, "B", ">= 1, or 0 for floor(sqrt(N))", B);
+  if (N == 0) return 0.0;
+  MonarchOptions o;
+  o.block_size = B;
+  const MonarchGeometry g = monarch_geometry(N, o);
+  const double b = double(g.block_size), m = double(g.num_blocks), p = double(g.padded_len);
+  const double macs = p * (double(D) * (double(T - 1) * (2 * b + 2 * m) + 2 * b + m) + double(Dv) * (b + m));
+  return 2.0 * macs * double(heads);
+}
+
+}  // namespace strata::torch

@@ -1,0 +1,106 @@
+// torch/ops_mlr.cpp: registers MLR attention as torch.ops.strata.mlr_attention_* (a fragment of
+// the `strata` library that ops.cpp defines): schemas, CPU kernels for the forward/backward ops,
+// a CompositeImplicitAutograd kernel for the differentiable one (it runs the C++ autograd
+// Function, so torch.autograd works from Python). A strata::Error becomes a c10::Error with the
+// same message (RuntimeError in Python).
+#include <torch/library.h>
+
+#include <string>
+
+#include "binding_util.h"
+#include "strata/torch/mlr.h"
+
+namespace strata::torch {
+namespace {
+
+using binding::rethrow_as_c10;
+
+// The schema's option arguments as MlrArgs.
+MlrArgs make_args(c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t context,
+                  const std::optional<at::Tensor>& segment_starts, const std::optional<at::Tensor>& segment_offsets,
+                  bool mask_cross_segment, c10::string_view scale, bool divide_by_num_levels, bool level_average,
+                  bool causal, c10::string_view layout) {
+  MlrArgs a;
+  a.ranks = ranks.vec();
+  a.block_sizes = block_sizes.vec();
+  a.context = context;
+  a.segment_starts = segment_starts;
+  a.segment_offsets = segment_offsets;
+  a.mask_cross_segment = mask_cross_segment;
+  a.scale = std::string(scale);
+  a.divide_by_num_levels = divide_by_num_levels;
+  a.level_average = level_average;
+  a.causal = causal;
+  a.layout = std::string(layout);
+  return a;
+}
+
+// strata::mlr_attention_forward (CPU): q, k, v in `layout`; returns (out, lse f32 [B, Hq, Nq]).
+std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t context,
+                                              const std::optional<at::Tensor>& segment_starts,
+                                              const std::optional<at::Tensor>& segment_offsets, bool mask_cross_segment,
+                                              c10::string_view scale, bool divide_by_num_levels, bool level_average,
+                                              bool causal, c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return mlr_attention_forward(
+        q, k, v,
+        make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
+                  divide_by_num_levels, level_average, causal, layout));
+  });
+}
+
+// strata::mlr_attention_backward (CPU): out, lse from the forward, dout shaped like out;
+// returns (dq, dk, dv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& dout, c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t context,
+    const std::optional<at::Tensor>& segment_starts, const std::optional<at::Tensor>& segment_offsets,
+    bool mask_cross_segment, c10::string_view scale, bool divide_by_num_levels, bool level_average, bool causal,
+    c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return mlr_attention_backward(
+        q, k, v, out, lse, dout,
+        make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
+                  divide_by_num_levels, level_average, causal, layout));
+  });
+}
+
+// strata::mlr_attention (differentiable): returns out, batch x seq_q x heads_q x head_dim_v in `layout`.
+at::Tensor mlr_attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c10::IntArrayRef ranks,
+                            c10::IntArrayRef block_sizes, int64_t context,
+                            const std::optional<at::Tensor>& segment_starts,
+                            const std::optional<at::Tensor>& segment_offsets, bool mask_cross_segment,
+                            c10::string_view scale, bool divide_by_num_levels, bool level_average, bool causal,
+                            c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return mlr_attention(q, k, v,
+                         make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment,
+                                   scale, divide_by_num_levels, level_average, causal, layout));
+  });
+}
+
+}  // namespace
+}  // namespace strata::torch
+
+// The options every MLR schema ends with (defaults as MlrArgs).
+#define STRATA_MLR_OPTIONS                                                                \
+  "int[] ranks, int[] block_sizes=[], int context=0, Tensor? segment_starts=None, "       \
+  "Tensor? segment_offsets=None, bool mask_cross_segment=False, str scale=\"inv_rank\", " \
+  "bool divide_by_num_levels=False, bool level_average=False, bool causal=True, str layout=\"bshd\""
+
+TORCH_LIBRARY_FRAGMENT(strata, m) {
+  m.def("mlr_attention_forward(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> (Tensor out, Tensor lse)");
+  m.def("mlr_attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, " STRATA_MLR_OPTIONS
+        ") -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("mlr_attention(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> Tensor out");
+}
+
+#undef STRATA_MLR_OPTIONS
+
+TORCH_LIBRARY_IMPL(strata, CPU, m) {
+  m.impl("mlr_attention_forward", &strata::torch::forward_op);
+  m.impl("mlr_attention_backward", &strata::torch::backward_op);
+}
+
+TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) { m.impl("mlr_attention", &strata::torch::mlr_attention_op); }

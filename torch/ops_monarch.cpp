@@ -1,0 +1,135 @@
+// torch/ops_monarch.cpp: registers MonarchAttention and the low-rank baselines as torch.ops.strata.*
+// (a TORCH_LIBRARY_FRAGMENT: ops.cpp owns TORCH_LIBRARY(strata)). CPU kernels for the forward /
+// backward ops; CompositeImplicitAutograd kernels for the differentiable ones (monarch_attention
+// runs the C++ autograd Function; the baselines are ATen compositions that torch differentiates);
+// the FLOP counts are plain functions (no tensors). A strata::Error becomes a c10::Error with the
+// same message (RuntimeError in Python).
+#include <torch/library.h>
+
+#include <string>
+
+#include "binding_util.h"
+#include "strata/torch/baselines.h"
+#include "strata/torch/monarch.h"
+
+namespace strata::torch {
+namespace {
+
+using binding::rethrow_as_c10;
+
+// The schema's option arguments as MonarchArgs.
+MonarchArgs make_args(int64_t num_steps, int64_t block_size, c10::string_view pad, c10::string_view mode,
+                      std::optional<double> scale, const std::optional<at::Tensor>& key_padding_mask,
+                      c10::string_view layout) {
+  MonarchArgs a;
+  a.num_steps = num_steps;
+  a.block_size = block_size;
+  a.pad = std::string(pad);
+  a.mode = std::string(mode);
+  a.scale = scale;
+  a.key_padding_mask = key_padding_mask;
+  a.layout = std::string(layout);
+  return a;
+}
+
+// strata::monarch_attention_forward (CPU): returns (out, state).
+std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              int64_t num_steps, int64_t block_size, c10::string_view pad,
+                                              c10::string_view mode, std::optional<double> scale,
+                                              const std::optional<at::Tensor>& key_padding_mask,
+                                              c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return monarch_attention_forward(q, k, v,
+                                     make_args(num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+  });
+}
+
+// strata::monarch_attention_backward (CPU): state may be None (recomputed); returns (dq, dk, dv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& state,
+    const at::Tensor& dout, int64_t num_steps, int64_t block_size, c10::string_view pad, c10::string_view mode,
+    std::optional<double> scale, const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return monarch_attention_backward(q, k, v, state.value_or(at::Tensor()), dout,
+                                      make_args(num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+  });
+}
+
+// strata::monarch_attention (differentiable; float64 -> the double reference).
+at::Tensor monarch_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t num_steps,
+                      int64_t block_size, c10::string_view pad, c10::string_view mode, std::optional<double> scale,
+                      const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return monarch_attention(q, k, v, make_args(num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+  });
+}
+
+at::Tensor performer_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t num_features,
+                        std::optional<int64_t> seed, const std::optional<at::Tensor>& key_padding_mask,
+                        std::optional<double> scale, c10::string_view layout) {
+  return rethrow_as_c10(
+      [&] { return performer_attention(q, k, v, num_features, seed, key_padding_mask, scale, std::string(layout)); });
+}
+
+at::Tensor nystrom_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t num_landmarks,
+                      int64_t pinv_iters, const std::optional<at::Tensor>& key_padding_mask,
+                      std::optional<double> scale, c10::string_view layout) {
+  return rethrow_as_c10([&] {
+    return nystrom_attention(q, k, v, num_landmarks, pinv_iters, key_padding_mask, scale, std::string(layout));
+  });
+}
+
+double monarch_flops_op(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B) {
+  return rethrow_as_c10([&] { return monarch_attention_flops(N, heads, D, Dv, T, B); });
+}
+double softmax_flops_op(int64_t N, int64_t D, int64_t Dv) {
+  return rethrow_as_c10([&] { return softmax_attention_flops(N, D, Dv); });
+}
+double performer_flops_op(int64_t N, int64_t D, int64_t Dv, int64_t r) {
+  return rethrow_as_c10([&] { return performer_attention_flops(N, D, Dv, r); });
+}
+double nystrom_flops_op(int64_t N, int64_t D, int64_t Dv, int64_t m, int64_t iters) {
+  return rethrow_as_c10([&] { return nystrom_attention_flops(N, D, Dv, m, iters); });
+}
+
+}  // namespace
+}  // namespace strata::torch
+
+TORCH_LIBRARY_FRAGMENT(strata, m) {
+  m.def(
+      "monarch_attention_forward(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, "
+      "str pad=\"post\", str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, "
+      "str layout=\"bshd\") -> (Tensor out, Tensor state)");
+  m.def(
+      "monarch_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? state, Tensor dout, int num_steps=1, "
+      "int block_size=0, str pad=\"post\", str mode=\"stable\", float? scale=None, "
+      "Tensor? key_padding_mask=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "monarch_attention(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, str pad=\"post\", "
+      "str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, str layout=\"bshd\") -> Tensor out");
+  m.def(
+      "performer_attention(Tensor q, Tensor k, Tensor v, int num_features, int? seed=None, "
+      "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
+  m.def(
+      "nystrom_attention(Tensor q, Tensor k, Tensor v, int num_landmarks, int pinv_iters=6, "
+      "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
+  // FLOP counts (2 x matmul MACs, per sequence): no tensors, so plain catch-all kernels.
+  m.def("monarch_attention_flops(int N, int heads, int D, int Dv, int T, int B) -> float",
+        &strata::torch::monarch_flops_op);
+  m.def("softmax_attention_flops(int N, int D, int Dv=-1) -> float", &strata::torch::softmax_flops_op);
+  m.def("performer_attention_flops(int N, int D, int Dv, int num_features) -> float",
+        &strata::torch::performer_flops_op);
+  m.def("nystrom_attention_flops(int N, int D, int Dv, int num_landmarks, int pinv_iters=6) -> float",
+        &strata::torch::nystrom_flops_op);
+}
+
+TORCH_LIBRARY_IMPL(strata, CPU, m) {
+  m.impl("monarch_attention_forward", &strata::torch::forward_op);
+  m.impl("monarch_attention_backward", &strata::torch::backward_op);
+}
+
+TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {
+  m.impl("monarch_attention", &strata::torch::monarch_op);
+  m.impl("performer_attention", &strata::torch::performer_op);
+  m.impl("nystrom_attention", &strata::torch::nystrom_op);
+}
