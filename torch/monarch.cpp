@@ -108,15 +108,16 @@ void check_reference_inputs(const char* where, const at::Tensor& q, const at::Te
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> monarch_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                             const at::Tensor& v, const MonarchArgs& a) {
+                                                             const at::Tensor& v, const MonarchArgs& a,
+                                                             bool save_state) {
   const char* where = "monarch_attention_forward";
   const MonarchOptions opt = make_options(where, a);
   const Inputs in = views(where, q, k, v, opt.layout);
   // out: batch x seq x heads_q x head_dim_v (in q's layout and memory order)
   at::Tensor out = binding::empty_in_order_of(q, {q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type());
-  at::Tensor state = empty_state(q, opt);
-  strata::monarch_attention_forward(in.q, in.k, in.v, view_of(out, where, "out"), view_of(state, where, "state"),
-                                    opt);
+  at::Tensor state = save_state ? empty_state(q, opt) : at::Tensor();
+  strata::monarch_attention_forward(in.q, in.k, in.v, view_of(out, where, "out"),
+                                    save_state ? view_of(state, where, "state") : TensorView{}, opt);
   return {out, state};
 }
 
@@ -230,6 +231,10 @@ struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
 }  // namespace
 
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MonarchArgs& a) {
+  // Inference (no grad needed): the forward alone, without the saved state.
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!grad && !(q.defined() && q.scalar_type() == at::kDouble))
+    return std::get<0>(monarch_attention_forward(q, k, v, a, /*save_state=*/false));
   return MonarchFunction::apply(q, k, v, a);
 }
 

@@ -222,6 +222,31 @@ TEST(TorchMonarch, AutogradFp32MatchesFloat64Reference) {
   EXPECT_EQ(masked_rows.abs().max().item<double>(), 0.0);
 }
 
+// Inference (no grad needed) skips the saved state: the same output, bitwise, as the autograd path.
+TEST(TorchMonarch, InferenceSkipsStateWithTheSameOutput) {
+  at::manual_seed(3);
+  MonCase c;
+  c.n = 50;
+  c.block = 7;
+  c.steps = 3;
+  const MonInputs in = make_inputs(c);
+  const st::MonarchArgs a = args_of(c, in.mask);
+  const auto [out_state, state] = st::monarch_attention_forward(in.q, in.k, in.v, a);
+  const auto [out_plain, none] = st::monarch_attention_forward(in.q, in.k, in.v, a, /*save_state=*/false);
+  EXPECT_TRUE(state.defined());
+  EXPECT_FALSE(none.defined());
+  EXPECT_TRUE(at::equal(out_state, out_plain));
+  at::Tensor inference;
+  {
+    at::NoGradGuard no_grad;
+    inference = st::monarch_attention(in.q.clone().requires_grad_(), in.k, in.v, a);
+  }
+  const at::Tensor training = st::monarch_attention(in.q.clone().requires_grad_(), in.k, in.v, a);
+  EXPECT_FALSE(inference.requires_grad());
+  EXPECT_TRUE(training.requires_grad());
+  EXPECT_TRUE(at::equal(inference, training.detach()));
+}
+
 // The float64 path's gradients against central finite differences of its forward, along random
 // directions (C++ has no gradcheck; tests/python/test_monarch.py runs torch.autograd.gradcheck).
 // h = 1e-6: truncation ~h^2 |f'''| ~ 1e-12, cancellation ~1e-16 / h = 1e-10 relative.

@@ -31,9 +31,11 @@ struct MonarchArgs {
 };
 
 // Returns (out: batch x seq x heads_q x head_dim_v in q's layout and memory order, dtype of q;
-//          state: see above, the input of every R-step after the first, for the backward).
+//          state: see above, the input of every R-step after the first, for the backward;
+//          undefined when save_state is false: inference needs no (T-1) x N x D copy per head).
 std::tuple<at::Tensor, at::Tensor> monarch_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                             const at::Tensor& v, const MonarchArgs& a);
+                                                             const at::Tensor& v, const MonarchArgs& a,
+                                                             bool save_state = true);
 // dout: shape and dtype of out. state: the forward's, or an undefined tensor to recompute it
 // (T-1 extra forward steps). Returns (dq, dk, dv): shapes, dtype and memory order of q, k, v.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> monarch_attention_backward(
