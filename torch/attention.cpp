@@ -10,71 +10,13 @@
 #include <cmath>
 #include <numeric>
 
+#include "binding_util.h"
 #include "strata/error.h"
 
 namespace strata::torch {
 namespace {
 
-using detail::cat;
-
-// Logical (batch, seq, heads, dim) of a 4-D tensor in a layout.
-struct Dims4 {
-  int64_t b, s, h, d;
-};
-constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
-
-// Dims of a 4-D tensor t (batch x seq x heads x dim in BSHD, dims 1 and 2 swapped in BHSD).
-Dims4 dims(const at::Tensor& t, Layout l) {
-  return {t.size(0), t.size(kSeqDim[int(l)]), t.size(kHeadDim[int(l)]), t.size(3)};
-}
-std::string dims_str(const Dims4& d) {
-  return cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
-}
-const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "bhsd"; }
-
-// Torch's name of a tensor's dtype ("float32", "int64", ...).
-std::string torch_dtype_name(const at::Tensor& t) { return c10::getDtypeNames(t.scalar_type()).first; }
-
-// Parses "bshd" / "bhsd"; throws naming 'layout' otherwise.
-Layout parse_layout(const char* where, const std::string& s) {
-  if (s == "bshd") return Layout::BSHD;
-  if (s == "bhsd") return Layout::BHSD;
-  throw_arg(where, "layout", "\"bshd\" or \"bhsd\"", cat("\"", s, "\""));
-}
-
-// Throws unless t is a defined 4-D tensor (needed before any size is read).
-void check_4d(const char* where, const char* arg, const at::Tensor& t, Layout l) {
-  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
-  STRATA_CHECK_ARG(t.dim() == 4, where, arg,
-                   cat("a 4-D tensor (", l == Layout::BSHD ? "batch, seq, heads, dim" : "batch, heads, seq, dim",
-                       ") in layout ", layout_name(l)),
-                   cat(t.dim(), "-D ", t.sizes()));
-}
-
-// A strided CPU tensor with sizes `sizes`, laid out in memory in the dim order of `like`
-// (as empty_like does: only when `like` is non-overlapping and dense, else contiguous).
-at::Tensor empty_in_order_of(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType dtype) {
-  const auto opt = at::TensorOptions().dtype(dtype).device(at::kCPU);
-  if (!like.is_non_overlapping_and_dense() || like.dim() != int64_t(sizes.size())) return at::empty(sizes, opt);
-  std::vector<int64_t> order(sizes.size()), strides(sizes.size());
-  std::iota(order.begin(), order.end(), 0);
-  const auto ls = like.strides();
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ls[a] > ls[b]; });
-  int64_t s = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    strides[size_t(*it)] = s;
-    s *= std::max<int64_t>(sizes[size_t(*it)], 1);
-  }
-  return at::empty_strided(sizes, strides, opt);
-}
-
-// A float64 tensor with logical dims (b, s, h, d) in layout l whose memory is BSHD-contiguous:
-// the order the reference writes (o: B*Nq*Hq*Dv, dq: B*Nq*Hq*D, ...).
-at::Tensor empty_reference_out(Layout l, int64_t b, int64_t s, int64_t h, int64_t d) {
-  const auto opt = at::TensorOptions().dtype(at::kDouble).device(at::kCPU);
-  if (l == Layout::BSHD) return at::empty({b, s, h, d}, opt);
-  return at::empty_strided({b, h, s, d}, {s * h * d, d, h * d, 1}, opt);
-}
+using namespace binding;  // dims, parse_layout, check_4d, empty_in_order_of, ... (binding_util.h)
 
 // Converts the user-facing arguments to core options (masks as views, no copies).
 AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout l) {

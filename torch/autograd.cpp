@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "binding_util.h"
 #include "strata/error.h"
 #include "strata/torch/attention.h"
 
@@ -41,20 +42,9 @@ AttentionArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_m
   return a;
 }
 
-// With create_graph=True the engine runs backward in grad mode, but the kernels' gradients are
-// not differentiable. As Python's @once_differentiable does, route them through a DelayedError
-// node so that differentiating them again raises instead of silently dropping second-order terms.
+// Kernel gradients are differentiable once (binding::once_differentiable).
 variable_list once_differentiable(variable_list grads, const variable_list& depends_on) {
-  if (!at::GradMode::is_enabled()) return grads;
-  bool any = false;
-  for (const at::Tensor& t : depends_on) any = any || (t.defined() && t.requires_grad());
-  if (!any) return grads;
-  for (at::Tensor& g : grads)
-    if (g.defined()) g = g.detach().requires_grad_();
-  auto err = std::make_shared<::torch::autograd::DelayedError>(
-      "strata attention: double backward is not supported (its backward is a kernel, differentiable once)",
-      int64_t(grads.size()));
-  return (*err)(std::move(grads));
+  return binding::once_differentiable(std::move(grads), depends_on, "strata attention");
 }
 
 struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction> {

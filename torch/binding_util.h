@@ -2,7 +2,6 @@
 // family needs: logical dims of a 4-D tensor in a layout, the "bshd" / "bhsd" parser, output
 // allocation in the memory order of an input, strata::Error -> c10::Error, and the
 // once-differentiable guard for autograd Functions whose backward is a kernel.
-// (attention.cpp, ops.cpp and autograd.cpp keep their own copies of the same helpers.)
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -6,21 +6,14 @@
 
 #include <string>
 
+#include "binding_util.h"
 #include "strata/error.h"
 #include "strata/torch/attention.h"
 
 namespace strata::torch {
 namespace {
 
-// Runs f; rethrows a strata::Error as a c10::Error carrying the same message.
-template <class F>
-auto rethrow_as_c10(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
+using binding::rethrow_as_c10;
 
 // The schema's option arguments as AttentionArgs.
 AttentionArgs make_args(std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
