@@ -22,9 +22,9 @@ ATTENTION_TARGETS = [
 
 
 def shape_label(shape):
-    """'B=4 H=8 N=4096 D=64' for the attention shape keys, key=value otherwise."""
+    """'B=4 H=8 N=4096 D=64' for the attention shape keys, key=value otherwise ('|' escaped)."""
     short = {"batch": "B", "heads": "H", "seq": "N", "head_dim": "D"}
-    return " ".join(f"{short.get(k, k)}={v}" for k, v in shape.items())
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in shape.items()).replace("|", "\\|")
 
 
 def fmt_err(x):
@@ -56,7 +56,22 @@ def main():
     print(f"- measured fp32 FMA peak: {rep.get('peak_gflops', 0):.1f} GFLOP/s on all threads, "
           f"{rep.get('peak_gflops_per_core', 0):.1f} on one ({rep.get('peak_isa', '?')} loop)")
     print()
-    if rows:
+    multi = len({(r["method"], r["peer"]) for r in rows}) > 1
+    if rows and multi:  # bench mlr / monarch: several peers, each row names its own
+        print("| case | method | peer | dtype | shape | correct | rel err vs ref | ours ms | peer ms | speedup | "
+              "ours GFLOP/s | % of peak | peer GFLOP/s | FLOP / MAC ratio | reps |")
+        print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            err = r.get("ref_max_rel_err")
+            err = r["max_rel_err"] if err is None else err
+            ratio = r.get("flop_ratio_total", r.get("ideal_mac_ratio"))
+            print(f"| {r['case']} | {r['method']} | {r['peer']} | {r['dtype']} | {shape_label(r['shape'])} | "
+                  f"{'yes' if r['correct'] else '**NO**'} | {fmt_err(err)} | "
+                  f"{r['median_s'] * 1e3:.3f} | {r['peer_median_s'] * 1e3:.3f} | "
+                  f"{r['speedup_vs_peer']:.2f}x | {r['gflops']:.1f} | {r['pct_of_peak']:.1f} | "
+                  f"{r.get('peer_gflops', 0):.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+                  f"{r.get('reps', '?')} |")
+    elif rows:
         peer = rows[0]["peer"]
         print(f"| case | dtype | shape | correct | rel err vs {peer} | rel err vs ref (ours / {peer}) | "
               f"ours ms | {peer} ms | speedup | ours GFLOP/s | % of peak | {peer} GFLOP/s | reps |")
@@ -67,6 +82,16 @@ def main():
                   f"{r['median_s'] * 1e3:.1f} | {r['peer_median_s'] * 1e3:.1f} | "
                   f"{r['speedup_vs_peer']:.2f}x | {r['gflops']:.1f} | {r['pct_of_peak']:.1f} | "
                   f"{r.get('peer_gflops', 0):.1f} | {r.get('reps', '?')} |")
+    if rep.get("targets"):  # targets the command evaluated itself
+        print()
+        print("| target | bound | measured | met |")
+        print("|---|---:|---:|---|")
+        for t in rep["targets"]:
+            op = "<=" if t.get("at_most") else ">="
+            bound = "?" if t.get("bound") is None else f"{t['bound']:.3g}"
+            measured = "not measured" if t.get("measured") is None else f"{t['measured']:.3f}"
+            met = "yes" if t.get("met") else ("-" if t.get("measured") is None else "**no**")
+            print(f"| {t['target'].replace('|', chr(92) + '|')} | {op} {bound} | {measured} | {met} |")
     if rep.get("bench") == "attention":
         print()
         print("| target (N=4096, d=64) | bound | measured | met |")

@@ -45,10 +45,12 @@ def load(path, xkey):
     return rep
 
 
-def series_label(row, xkey):
-    """The legend label of a row's series: case plus the shape entries other than x and batch."""
+def series_label(row, xkey, multi=False):
+    """The legend label of a row's series: case plus the shape entries other than x and batch
+    (plus "method vs peer" when the report has several methods or peers)."""
     extra = " ".join(f"{k}={v}" for k, v in row["shape"].items() if k not in (xkey, "batch", "heads"))
-    return f"{row['case']} {extra}".strip()
+    label = f"{row['case']} {extra}".strip()
+    return f"{label} ({row['method']} vs {row['peer']})" if multi else label
 
 
 def peer_gflops(row):
@@ -74,13 +76,18 @@ def main():
     except ImportError as e:
         fail(f"matplotlib is not installed for {sys.executable} ({e})", EXIT_NO_MATPLOTLIB)
 
+    # Several peers (bench mlr / monarch): one series per (case, shape, method, peer).
+    multi = len({(row["method"], row["peer"]) for row in rep["rows"]}) > 1
     by_dtype = defaultdict(lambda: defaultdict(list))
     for row in rep["rows"]:
-        by_dtype[row["dtype"]][series_label(row, args.x)].append(row)
+        by_dtype[row["dtype"]][series_label(row, args.x, multi)].append(row)
     dtypes = sorted(by_dtype, key=lambda d: (d != "float32", d))
-    fig, axes = plt.subplots(len(dtypes), 2, figsize=(13, 4.6 * len(dtypes)), squeeze=False)
-    method = rep["rows"][0]["method"]
-    peer = rep["rows"][0]["peer"]
+    # Many series (several peers): taller figure, legends under the axes, log-scale y.
+    nseries = max(len(by_dtype[d]) for d in dtypes)
+    height = 4.6 + (0.16 * nseries if multi else 0)
+    fig, axes = plt.subplots(len(dtypes), 2, figsize=(13, height * len(dtypes)), squeeze=False)
+    method = "ours" if multi else rep["rows"][0]["method"]
+    peer = "the peer" if multi else rep["rows"][0]["peer"]
     peak = rep.get("peak_gflops")
     for r, dtype in enumerate(dtypes):
         ax_s, ax_g = axes[r]
@@ -110,8 +117,14 @@ def main():
             ax.minorticks_off()
             ax.set_xlabel(args.x)
             ax.grid(True, which="both", alpha=0.3)
-        ax_s.legend(fontsize=7)
-        ax_g.legend(fontsize=6, ncol=2)
+        if multi:
+            for ax in (ax_s, ax_g):
+                ax.set_yscale("log")
+            ax_s.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+            ax_g.legend(fontsize=5, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+        else:
+            ax_s.legend(fontsize=7)
+            ax_g.legend(fontsize=6, ncol=2)
     fig.suptitle(f"strata bench {rep.get('bench', '?')}: {rep.get('cpu_model', rep.get('cpu', ''))}, "
                  f"{rep.get('threads', '?')} threads, torch {rep.get('torch_version', '?')}, "
                  f"{rep.get('date', '')}", fontsize=10)

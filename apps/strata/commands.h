@@ -28,6 +28,31 @@ struct BenchAttentionOptions {
 CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o);
 int run_bench_attention(const BenchAttentionOptions& o);
 
+struct BenchMlrOptions {
+  bool quick = false, smoke = false;
+  std::string json, csv;       // "" = do not write
+  int threads = 0;             // 0: default
+  int reps = 0;                // 0: 5 (3 with --quick, 1 with --smoke)
+  int64_t heads = 8;
+  int64_t ref_max_seq = 4096;      // largest T for the reference-construction peer
+  int64_t ref_bwd_max_seq = 4096;  // and for its autograd backward
+  std::vector<int64_t> seq;    // row filters (empty: all)
+  std::vector<std::string> split;
+};
+CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o);
+int run_bench_mlr(const BenchMlrOptions& o);
+
+struct BenchMonarchOptions {
+  bool quick = false, smoke = false;
+  std::string json, csv;
+  int threads = 0;
+  int reps = 0;                     // 0: 5 (3 with --quick, 1 with --smoke)
+  int64_t heads = 12;
+  std::vector<int64_t> seq, steps;  // filters (empty: all N; T = 1 and 2)
+};
+CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o);
+int run_bench_monarch(const BenchMonarchOptions& o);
+
 struct DemoOptions {
   std::string out = "out";
   int threads = 0;
@@ -35,5 +60,16 @@ struct DemoOptions {
 };
 CLI::App* add_demo(CLI::App& app, DemoOptions& o);
 int run_demo(const DemoOptions& o);
+
+struct ConvertOptions {  // convert.h
+  std::vector<std::string> methods;  // "<spec>[@layers]"; empty: the default list
+  bool quick = false, no_plot = false;
+  int64_t sts_pairs = 0, passages = 0;  // 0: default
+  std::vector<int64_t> long_lengths;
+  std::string out = "out/convert";
+  int threads = 0;
+};
+CLI::App* add_convert(CLI::App& app, ConvertOptions& o);
+int run_convert(const ConvertOptions& o);
 
 }  // namespace strata::app

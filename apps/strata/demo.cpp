@@ -24,6 +24,8 @@ std::vector<DemoSection> demo_sections() {
        demo_attention_check},
       {"attention-speed", "dense attention: speed vs torch SDPA (fp32, d 64, fixed 16384 tokens)",
        demo_attention_speed},
+      {"convert", "zero-shot conversion of all-MiniLM-L6-v2: STS-B and long-passage fidelity vs FLOPs",
+       demo_convert},
   };
 }
 

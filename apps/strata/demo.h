@@ -37,4 +37,8 @@ bool demo_attention_check(DemoContext& ctx);
 // <out>/demo_attention.json and, when Python with matplotlib is there, demo_attention.png.
 bool demo_attention_speed(DemoContext& ctx);
 
+// Zero-shot conversion of all-MiniLM-L6-v2 (a small `strata convert`); writes <out>/convert/.
+// Skips (passes) with a message when the model or the shared data is not installed.
+bool demo_convert(DemoContext& ctx);
+
 }  // namespace strata::app

@@ -1,4 +1,4 @@
-// apps/strata/main.cpp: the `strata` command line: info, demo, bench attention (CLI11).
+// apps/strata/main.cpp: the `strata` command line: info, demo, convert, bench ... (CLI11).
 // Errors from the library (strata::Error, c10::Error) end the command with status 1 and one line
 // on stderr; bad flags get CLI11's message and usage.
 #include <ATen/Parallel.h>
@@ -50,16 +50,25 @@ int main(int argc, char** argv) {
   InfoOptions info_opt;
   DemoOptions demo_opt;
   BenchAttentionOptions bench_attn_opt;
+  BenchMlrOptions bench_mlr_opt;
+  BenchMonarchOptions bench_monarch_opt;
   CLI::App* info = add_info(app, info_opt);
   CLI::App* demo = add_demo(app, demo_opt);
+  ConvertOptions convert_opt;
+  CLI::App* convert = add_convert(app, convert_opt);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks against peers (table + JSON)");
   CLI::App* bench_attn = add_bench_attention(*bench, bench_attn_opt);
+  CLI::App* bench_mlr = add_bench_mlr(*bench, bench_mlr_opt);
+  CLI::App* bench_monarch = add_bench_monarch(*bench, bench_monarch_opt);
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*info) return run_info(info_opt);
     if (*demo) return run_demo(demo_opt);
+    if (*convert) return run_convert(convert_opt);
     if (*bench_attn) return run_bench_attention(bench_attn_opt);
+    if (*bench_mlr) return run_bench_mlr(bench_mlr_opt);
+    if (*bench_monarch) return run_bench_monarch(bench_monarch_opt);
     // No command given (CLI11 has already rejected unknown words): say so and show the usage.
     CLI::App* where = *bench ? bench : &app;
     std::string names;

@@ -41,17 +41,24 @@ std::string plot_script() {
   return std::string(STRATA_SOURCE_DIR) + "/bench/plot.py";
 }
 
+std::string plot_script_path(const std::string& name) { return std::string(STRATA_SOURCE_DIR) + "/bench/" + name; }
+
 bool run_plot(const std::string& json_path, const std::string& png_path, std::string* why) {
-  const std::string py = plot_python(), script = plot_script();
+  return run_python_script(plot_script(), {json_path, png_path, "--quiet"}, why);
+}
+
+bool run_python_script(const std::string& script, const std::vector<std::string>& script_args, std::string* why) {
+  const std::string py = plot_python();
   if (::access(py.c_str(), X_OK) != 0) {
     *why = "no Python at '" + py + "' (run scripts/setup.sh, or set STRATA_PYTHON)";
     return false;
   }
   if (!std::filesystem::exists(script)) {
-    *why = "no plot script at '" + script + "' (set STRATA_PLOT_SCRIPT)";
+    *why = "no plot script at '" + script + "'";
     return false;
   }
-  std::vector<std::string> args{py, script, json_path, png_path, "--quiet"};
+  std::vector<std::string> args{py, script};
+  args.insert(args.end(), script_args.begin(), script_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -63,14 +70,14 @@ bool run_plot(const std::string& json_path, const std::string& png_path, std::st
   }
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) {
-    *why = std::string("waiting for plot.py failed: ") + std::strerror(errno);
+    *why = std::string("waiting for the plot script failed: ") + std::strerror(errno);
     return false;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
   if (WIFEXITED(status) && WEXITSTATUS(status) == kPlotNoMatplotlib)
     *why = "matplotlib is not installed for '" + py + "' (pip install matplotlib into that venv)";
   else
-    *why = "plot.py failed (" + (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+    *why = std::filesystem::path(script).filename().string() + " failed (" + (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
                                                    : std::string("killed by a signal")) + ")";
   return false;
 }

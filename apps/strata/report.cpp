@@ -34,6 +34,13 @@ TimeStats time_stats(std::vector<double> secs) {
   return t;
 }
 
+std::vector<std::vector<double>> time_round_robin(const std::vector<std::function<void()>>& fns, int reps) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < fns.size(); ++i) t[i].push_back(time_once(fns[i]));
+  return t;
+}
+
 double time_once(const std::function<void()>& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
@@ -76,7 +83,8 @@ std::string cpu_model() {
 
 double row_gflops(const BenchRow& row, bool peer) {
   const double s = peer ? row.peer_time.median_s : row.ours.median_s;
-  return s > 0 ? row.flops / s * 1e-9 : 0.0;
+  const double flops = peer && row.peer_flops ? *row.peer_flops : row.flops;
+  return s > 0 ? flops / s * 1e-9 : 0.0;
 }
 
 nlohmann::ordered_json to_json(const BenchReport& r) {
@@ -122,7 +130,23 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
     };
     o["ref_max_rel_err"] = opt_num(row.ref_max_rel_err);
     o["peer_ref_max_rel_err"] = opt_num(row.peer_ref_max_rel_err);
+    if (row.peer_flops) o["peer_flops"] = *row.peer_flops;
+    if (row.extra.is_object())
+      for (const auto& [key, value] : row.extra.items()) o[key] = value;
     j["rows"].push_back(std::move(o));
+  }
+  if (!r.targets.empty()) {
+    j["targets"] = nlohmann::ordered_json::array();
+    for (const BenchTarget& t : r.targets) {
+      nlohmann::ordered_json o;
+      o["target"] = t.label;
+      o["bound"] = t.bound;
+      o["at_most"] = t.at_most;
+      if (t.measured && std::isfinite(*t.measured)) o["measured"] = *t.measured;
+      else o["measured"] = nullptr;
+      o["met"] = t.measured && (t.at_most ? *t.measured <= t.bound : *t.measured >= t.bound);
+      j["targets"].push_back(std::move(o));
+    }
   }
   return j;
 }

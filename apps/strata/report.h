@@ -7,10 +7,16 @@
 //        "rows": [{"case", "method", "peer", "shape" (object), "dtype", "correct", "max_rel_err",
 //                  "median_s", "peer_median_s", "speedup_vs_peer", "gflops", "pct_of_peak",
 //                  "min_s", "max_s", "peer_min_s", "peer_max_s", "reps", "flops", "peer_gflops",
-//                  "tolerance", "checked_against", "ref_max_rel_err", "peer_ref_max_rel_err"}]}
+//                  "tolerance", "checked_against", "ref_max_rel_err", "peer_ref_max_rel_err",
+//                  optional: "peer_flops", and the row's `extra` fields}],
+//        optional: "targets": [{"target", "bound", "at_most", "measured", "met"}]}
 // correct: ours matched `checked_against` (the peer, or a reference named there) within
-// `tolerance`; max_rel_err is always ours vs the peer; the ref_* errors are null when the peer
+// `tolerance`; max_rel_err is always ours vs the peer (null when the peer computes another
+// function: a dense baseline of a structured kernel); the ref_* errors are null when the peer
 // was the reference.
+// peer_flops: the peer's own FLOPs when it does different work (a dense baseline), else absent
+// (= flops); peer_gflops uses it. extra: bench-specific numbers (e.g. "flop_ratio_total"),
+// written as further fields of the row.
 // speedup_vs_peer is the median over repetitions of peer_time / our_time, each pair measured
 // back to back (A B A B ...), so slow drift of a shared machine cancels.
 #pragma once
@@ -43,6 +49,10 @@ struct PairTimes {
 // Times a and b interleaved (a b a b ...), `reps` times each, no warm-up (the caller warms up).
 PairTimes time_interleaved(const std::function<void()>& a, const std::function<void()>& b, int reps);
 
+// Times fns round-robin (f0 f1 ... f0 f1 ...), `reps` rounds, no warm-up; result[i][r] = seconds
+// of fns[i] in round r.
+std::vector<std::vector<double>> time_round_robin(const std::vector<std::function<void()>>& fns, int reps);
+
 // Wall-clock seconds of one call of fn.
 double time_once(const std::function<void()>& fn);
 
@@ -59,8 +69,18 @@ struct BenchRow {
   std::optional<double> ref_max_rel_err;       // ours vs that reference (when not the peer)
   std::optional<double> peer_ref_max_rel_err;  // the peer vs that reference
   double flops = 0;               // by the conventions of shared/design/performance.md
+  std::optional<double> peer_flops;  // the peer's FLOPs when it does other work than ours
   TimeStats ours, peer_time;
   double speedup = 0;             // median of paired peer/ours ratios
+  nlohmann::ordered_json extra;   // object of further fields (null: none)
+};
+
+// One issue target: `measured` against `bound` (met when measured >= bound, or <= for at_most).
+struct BenchTarget {
+  std::string label;
+  double bound = 0;
+  std::optional<double> measured;  // absent: not measured in this run
+  bool at_most = false;
 };
 
 struct BenchReport {
@@ -69,6 +89,7 @@ struct BenchReport {
   int threads = 1;
   std::string cpu, cpu_model, torch_version, date;
   std::vector<BenchRow> rows;
+  std::vector<BenchTarget> targets;
 };
 
 // The CPU's model name and logical CPU count, e.g. "Intel(R) Xeon(R) Processor x 2" (from

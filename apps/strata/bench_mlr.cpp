@@ -1,0 +1,534 @@
+// apps/strata/bench_mlr.cpp: `strata bench mlr`: MLR attention (strata/mlr.h, causal, fp32) against
+// its peers in the same process: our dense causal kernel (strata.flash), torch SDPA causal, and the
+// reference code's construction written with torch ops (torch.mlr_blockwise); then decoding with
+// the MLR KV cache (strata/kv_cache.h) against dense decoding.
+//
+// Sweep: T in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 8192; --smoke: 256, one rep),
+// batch 1, 8 heads, head dim 64 (= d_v), splits 8x8, 32|8|6|4|4|4|4|2 (the reference code's LM
+// split) and 16x4, default blocks (b_l = T / 2^(l-1)). Per (T, split) two groups, each timed
+// round-robin (ours, peer 1, peer 2, ...) after one warm-up whose outputs are checked:
+//   fwd causal  ours = mlr_attention_forward (o + lse); peers: strata.flash forward, SDPA forward,
+//               torch.mlr_blockwise forward (no autograd graph; T <= --ref-max-seq, 4096)
+//   bwd causal  the backward op alone, given the forward's saved outputs: ours =
+//               mlr_attention_backward from (o, lse); strata.flash attention_backward from its
+//               (o, lse); SDPA and torch.mlr_blockwise: torch::autograd::grad on a graph built
+//               once (retain_graph). torch.mlr_blockwise's backward for T <= --ref-bwd-max-seq
+//               (4096): each of its per-block slice copies (255 for 8 levels) is an autograd
+//               CopySlices node that copies the whole T x T x heads gradient (about 80 s per
+//               call at T = 4096 on 2 busy cores).
+// torch.mlr_blockwise calls that take over 5 s are timed once (the checked warm-up run; rows say
+// peer_timed_once); every other method is timed in every round.
+// Correctness (before timing): ours vs strata::reference (double; head 0, the last 256 query
+// rows against all keys: the forward's own rows, and a forward + backward of that slice), and
+// where torch.mlr_blockwise runs also vs it on the whole problem (o; dq, dk, dv through
+// autograd). fp32 tolerance 1e-4 on max|diff| / max|ref|.
+// FLOPs (performance.md): forward = strata::mlr_attention_flops (scores 2*sum of shared-prefix
+// lengths over allowed pairs, + 2*pairs*d_v), the dense peers' = its dense_total. Backward =
+// 3x the score part + 2x the P V part (recompute QK^T, dQ, dK; dP, dV), i.e. 2.5x the forward
+// for dense attention with d = d_v. Rows carry flop_ratio_scores / flop_ratio_total (dense / ours)
+// and, against the dense peers, speedup_over_flop_ratio.
+// Decode (8x8, T = 8192; quick 8192; smoke 256): an MlrKvCache prefilled with T-1 tokens; a step =
+// append token T-1 + attend (each timed step starts from a copy of the prefilled cache, copied
+// untimed). Peers: dense decoding over a K/V cache of T tokens (the step writes slot T-1, then
+// one query attends all T keys): strata.flash (seqlen_q = 1) and SDPA. Reported: tokens/s, key
+// and value bytes of both caches, key-cache ratio. Decode steps use 10x the reps.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_runner.h"
+#include "bench_common.h"
+#include "commands.h"
+#include "session.h"
+#include "strata/error.h"
+#include "strata/kv_cache.h"
+#include "strata/mlr.h"
+#include "strata/torch/attention.h"
+
+namespace strata::app {
+namespace {
+
+constexpr int64_t kHeadDim = 64;
+constexpr int64_t kSliceRows = 256;     // query rows of the double-precision check
+constexpr double kGroupBudgetS = 20.0;  // timed seconds per group before reps are cut
+constexpr double kTolerance = 1e-4;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct Split {
+  std::string name;
+  std::vector<int64_t> ranks;  // r_1..r_L
+};
+
+std::vector<Split> all_splits() {
+  return {{"8x8", std::vector<int64_t>(8, 8)},
+          {"32|8|6|4|4|4|4|2", {32, 8, 6, 4, 4, 4, 4, 2}},
+          {"16x4", std::vector<int64_t>(4, 16)}};
+}
+
+MlrOptions mlr_opts(const Split& s) {
+  MlrOptions o;
+  for (int64_t r : s.ranks) o.ranks[o.num_levels++] = r;
+  o.causal = true;
+  o.layout = Layout::BHSD;
+  return o;
+}
+
+TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench mlr", arg); }
+
+// The reference code's construction (AttentionMLR.forward in YilunKuang/structured-attention,
+// src/model.py), in the same torch ops: per level l, split q_l, k_l into blocks of b_l = T/2^l
+// (l from 0), stack, one batched matmul scaled by 1/r_l, copy each block product onto the
+// diagonal of a zero T x T buffer; sum the levels; causal mask; softmax; @ v. Differentiable
+// (autograd) when the inputs require grad. q, k, v: batch x heads x T x d (BHSD).
+// `above_diag`: T x T bool, true above the diagonal (the masked entries).
+at::Tensor blockwise_mlr(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::vector<int64_t>& ranks, const at::Tensor& above_diag) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2);
+  at::Tensor att;
+  int64_t off = 0;
+  for (size_t l = 0; l < ranks.size(); ++l) {
+    const int64_t r = ranks[l], b = T >> l, nb = T / b;
+    const at::Tensor cq = at::stack(q.narrow(-1, off, r).split(b, -2));  // nb x B x H x b x r
+    const at::Tensor ck = at::stack(k.narrow(-1, off, r).split(b, -2));
+    const at::Tensor prod = at::matmul(cq, ck.transpose(-2, -1)) * (1.0 / double(r));
+    at::Tensor att_l = at::zeros({B, H, T, T}, q.options().requires_grad(false));
+    for (int64_t j = 0; j < nb; ++j) att_l.slice(2, j * b, (j + 1) * b).slice(3, j * b, (j + 1) * b).copy_(prod[j]);
+    att = att.defined() ? att + att_l : att_l;
+    off += r;
+  }
+  att = att.masked_fill(above_diag, -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(att, -1), v);
+}
+
+// A double buffer from strata::reference as a tensor (BSHD order), for max_rel_err.
+at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
+  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
+}
+
+// The double-precision check on a slice: head 0, the last R query rows against all T keys.
+// Returns (err of `o_full`'s rows vs the reference, err of a forward + backward of the slice).
+std::pair<double, double> slice_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& dout, const at::Tensor& o_full, const MlrOptions& opt,
+                                      bool backward) {
+  const int64_t T = q.size(2), R = std::min(T, kSliceRows), D = q.size(3), Dv = v.size(3);
+  const at::Tensor qs = q.narrow(1, 0, 1).narrow(2, T - R, R), ks = k.narrow(1, 0, 1), vs = v.narrow(1, 0, 1);
+  const at::Tensor dos = dout.narrow(1, 0, 1).narrow(2, T - R, R);
+  std::vector<double> ro(static_cast<size_t>(R * Dv)), rlse(static_cast<size_t>(R));
+  reference::mlr_attention_forward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), opt, ro.data(), rlse.data());
+  const at::Tensor ours_rows = o_full.narrow(1, 0, 1).narrow(2, T - R, R).transpose(1, 2);  // BSHD order
+  const double fwd_err = max_rel_err(ours_rows, f64(ro, {1, R, 1, Dv}));
+  if (!backward) return {fwd_err, 0.0};
+  // Ours on the slice problem (bottom-right aligned: the rows sit at positions T-R..T-1).
+  const at::Tensor os = at::empty({1, 1, R, Dv}), lses = at::empty({1, 1, R});
+  mlr_attention_forward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), tv(os, "o"), tv(lses, "lse"), opt);
+  const at::Tensor dq = at::empty({1, 1, R, D}), dk = at::empty({1, 1, T, D}), dv = at::empty({1, 1, T, Dv});
+  mlr_attention_backward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), tv(os, "o"), tv(lses, "lse"), tv(dos, "dout"),
+                         tv(dq, "dq"), tv(dk, "dk"), tv(dv, "dv"), opt);
+  std::vector<double> rdq(size_t(R * D)), rdk(size_t(T * D)), rdv(size_t(T * Dv));
+  reference::mlr_attention_backward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), tv(dos, "dout"), opt, rdq.data(),
+                                    rdk.data(), rdv.data());
+  const double bwd_err = std::max({max_rel_err(os.transpose(1, 2), f64(ro, {1, R, 1, Dv})),
+                                   max_rel_err(dq.transpose(1, 2), f64(rdq, {1, R, 1, D})),
+                                   max_rel_err(dk.transpose(1, 2), f64(rdk, {1, T, 1, D})),
+                                   max_rel_err(dv.transpose(1, 2), f64(rdv, {1, T, 1, Dv}))});
+  return {fwd_err, bwd_err};
+}
+
+// One timed method of a group.
+struct Method {
+  std::string name;
+  std::function<void()> run;
+  bool dense = false;  // does dense attention (its FLOPs are the dense count)
+};
+
+struct Row0 {  // what every row of a group shares
+  std::string case_name;
+  nlohmann::ordered_json shape;
+  std::string label;
+  double flops = 0, dense_flops = 0;
+  double ratio_scores = 0, ratio_total = 0;
+  std::string checked_against;
+  double check_err = 0;
+};
+
+// Rows of one timed group: one per peer (methods[1..]), ours = methods[0].
+void add_group_rows(BenchReport& rep, const Row0& r0, const std::vector<Method>& ms,
+                    const std::vector<std::vector<double>>& secs, const std::vector<double>& peer_err) {
+  for (size_t i = 1; i < ms.size(); ++i) {
+    BenchRow row;
+    row.case_name = r0.case_name;
+    row.method = ms[0].name;
+    row.peer = ms[i].name;
+    row.shape = r0.shape;
+    row.shape_label = r0.label;
+    row.dtype = "float32";
+    row.tolerance = kTolerance;
+    row.checked_against = r0.checked_against;
+    row.ref_max_rel_err = r0.check_err;
+    row.correct = r0.check_err < kTolerance;
+    row.max_rel_err = peer_err[i];
+    row.flops = r0.flops;
+    if (ms[i].dense) row.peer_flops = r0.dense_flops;
+    set_row_times(row, secs[0], secs[i]);
+    row.extra = {{"flop_ratio_scores", r0.ratio_scores}, {"flop_ratio_total", r0.ratio_total}};
+    std::string note;
+    if (secs[i].size() != secs[0].size()) {
+      row.extra["peer_timed_once"] = true;
+      note = "peer timed once (its checked run): too slow to repeat";
+    }
+    if (ms[i].dense) {
+      row.extra["speedup_over_flop_ratio"] = row.speedup / r0.ratio_total;
+      note = fmt::format("FLOP ratio {:.2f} (scores {:.2f}); {:.2f} of it", r0.ratio_total, r0.ratio_scores,
+                         row.speedup / r0.ratio_total);
+    }
+    rep.rows.push_back(std::move(row));
+    print_peer_table_row(rep.rows.back(), rep.peak.all_gflops, note);
+  }
+}
+
+// warm_check_time over the methods; only torch.mlr_blockwise may be timed once when slow.
+std::vector<std::vector<double>> warm_and_time(const std::vector<Method>& ms, int reps,
+                                               const std::function<void()>& check) {
+  std::vector<std::function<void()>> fns;
+  std::vector<bool> once_if_slow;
+  for (const Method& m : ms) {
+    fns.push_back(m.run);
+    once_if_slow.push_back(m.name == "torch.mlr_blockwise");
+  }
+  return warm_check_time(fns, reps, kGroupBudgetS, check, once_if_slow);
+}
+
+// Forward and backward groups of one (T, split): rows appended to rep (correct = the checks).
+void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, int reps, int64_t ref_max_seq,
+                int64_t ref_bwd_max_seq) {
+  const MlrOptions opt = mlr_opts(split);
+  const bool with_ref = T <= ref_max_seq, with_ref_bwd = T <= ref_bwd_max_seq;
+  at::manual_seed(20250907);
+  const std::vector<int64_t> sizes{1, heads, T, kHeadDim};  // batch x heads x T x d (BHSD)
+  const at::Tensor q = at::randn(sizes), k = at::randn(sizes), v = at::randn(sizes), dout = at::randn(sizes);
+  const at::Tensor above_diag = at::ones({T, T}, at::kBool).triu(1);
+  strata::torch::AttentionArgs dense_args;
+  dense_args.causal = true;
+  dense_args.layout = "bhsd";
+
+  const MlrFlops f = mlr_attention_flops(1, heads, T, T, kHeadDim, opt);
+  const auto bwd_flops = [](double scores, double total) { return 3 * scores + 2 * (total - scores); };
+  Row0 r0;
+  r0.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};
+  r0.label = fmt::format("H={} T={} {}", heads, T, split.name);
+  r0.ratio_scores = f.dense_scores / f.scores;
+  const int64_t R = std::min(T, kSliceRows);
+  const std::string slice_ref = fmt::format("strata::reference f64 (head 0, last {} queries)", R);
+
+  // --- forward
+  at::Tensor o, lse, o_dense, lse_dense, o_sdpa, o_ref;
+  std::vector<Method> ms;
+  ms.push_back({"strata.mlr", [&] {
+                  o = at::empty(sizes);
+                  lse = at::empty({1, heads, T});
+                  mlr_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(o, "o"), tv(lse, "lse"), opt);
+                }});
+  ms.push_back({"strata.flash", [&] {
+                  std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args);
+                }, true});
+  ms.push_back({"torch.sdpa", [&] { o_sdpa = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true); }, true});
+  if (with_ref)
+    ms.push_back({"torch.mlr_blockwise", [&] {
+                    at::NoGradGuard no_grad;
+                    o_ref = blockwise_mlr(q, k, v, split.ranks, above_diag);
+                  }});
+  std::vector<double> peer_err(ms.size(), kNaN);
+  const auto fwd_secs = warm_and_time(ms, reps, [&] {
+    const auto [fwd_err, unused] = slice_check(q, k, v, dout, o, opt, false);
+    (void)unused;
+    r0.check_err = fwd_err;
+    if (with_ref) {
+      peer_err[3] = max_rel_err(o, o_ref);
+      r0.check_err = std::max(r0.check_err, peer_err[3]);
+    }
+  });
+  r0.case_name = "fwd causal";
+  r0.checked_against = with_ref ? "torch.mlr_blockwise (all heads) and " + slice_ref : slice_ref;
+  r0.flops = f.total;
+  r0.dense_flops = f.dense_total;
+  r0.ratio_total = f.dense_total / f.total;
+  add_group_rows(rep, r0, ms, fwd_secs, peer_err);
+  o_ref = at::Tensor();
+  o_sdpa = at::Tensor();
+
+  // --- backward (the op alone, from the forward's saved outputs)
+  at::Tensor dq, dk, dv, ddq, ddk, ddv;
+  std::vector<at::Tensor> g_ref;
+  const at::Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
+                   vg = v.detach().requires_grad_(true);
+  const at::Tensor o_sdpa_graph = at::scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
+  at::Tensor o_ref_graph;
+  if (with_ref_bwd) o_ref_graph = blockwise_mlr(qg, kg, vg, split.ranks, above_diag);
+  ms.clear();
+  ms.push_back({"strata.mlr", [&] {
+                  dq = at::empty(sizes);
+                  dk = at::empty(sizes);
+                  dv = at::empty(sizes);
+                  mlr_attention_backward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(o, "o"), tv(lse, "lse"),
+                                         tv(dout, "dout"), tv(dq, "dq"), tv(dk, "dk"), tv(dv, "dv"), opt);
+                }});
+  ms.push_back({"strata.flash", [&] {
+                  std::tie(ddq, ddk, ddv) =
+                      strata::torch::attention_backward(q, k, v, o_dense, lse_dense, dout, dense_args);
+                }, true});
+  ms.push_back({"torch.sdpa", [&] {
+                  (void)::torch::autograd::grad({o_sdpa_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true);
+                }, true});
+  if (with_ref_bwd)
+    ms.push_back({"torch.mlr_blockwise", [&] {
+                    g_ref = ::torch::autograd::grad({o_ref_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true);
+                  }});
+  std::fill(peer_err.begin(), peer_err.end(), kNaN);
+  peer_err.resize(ms.size(), kNaN);
+  const auto bwd_secs = warm_and_time(ms, reps, [&] {
+    const auto [unused, bwd_err] = slice_check(q, k, v, dout, o, opt, true);
+    (void)unused;
+    r0.check_err = bwd_err;
+    if (with_ref_bwd) {
+      peer_err[3] = std::max({max_rel_err(dq, g_ref[0]), max_rel_err(dk, g_ref[1]), max_rel_err(dv, g_ref[2])});
+      r0.check_err = std::max(r0.check_err, peer_err[3]);
+    }
+  });
+  r0.case_name = "bwd causal";
+  r0.checked_against = with_ref_bwd ? "torch.mlr_blockwise autograd (all heads) and " + slice_ref : slice_ref;
+  r0.flops = bwd_flops(f.scores, f.total);
+  r0.dense_flops = bwd_flops(f.dense_scores, f.dense_total);
+  r0.ratio_total = r0.dense_flops / r0.flops;
+  add_group_rows(rep, r0, ms, bwd_secs, peer_err);
+}
+
+// Decode at cache length T with the 8x8 split (see the file comment).
+void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, int reps) {
+  const MlrOptions opt = mlr_opts(split);
+  at::manual_seed(20250908);
+  const std::vector<int64_t> sizes{1, heads, T, kHeadDim};
+  const at::Tensor q = at::randn(sizes), k = at::randn(sizes), v = at::randn(sizes);
+  // The new token (position T-1): views, 1 x heads x 1 x d.
+  const at::Tensor q1 = q.narrow(2, T - 1, 1), k1 = k.narrow(2, T - 1, 1), v1 = v.narrow(2, T - 1, 1);
+
+  MlrKvCache base(1, heads, kHeadDim, T, opt);
+  const int64_t prefill = T - 1, one = 1;
+  base.append(tv(k.narrow(2, 0, T - 1), "k"), tv(v.narrow(2, 0, T - 1), "v"), &prefill);
+  MlrKvCache work = base;
+  at::Tensor o = at::empty({1, heads, 1, kHeadDim}), lse = at::empty({1, heads, 1});
+  // Dense caches of T tokens (slot T-1 rewritten by each step).
+  const at::Tensor kc = k.clone(), vc = v.clone();
+  strata::torch::AttentionArgs dense_args;  // one query over all keys: no mask needed
+  dense_args.layout = "bhsd";
+  at::Tensor o_dense, o_sdpa;
+
+  const auto ours = [&] {
+    work.append(tv(k1, "k"), tv(v1, "v"), &one);
+    work.attend(tv(q1, "q"), tv(o, "o"), tv(lse, "lse"));
+  };
+  const auto dense = [&] {
+    kc.narrow(2, T - 1, 1).copy_(k1);
+    vc.narrow(2, T - 1, 1).copy_(v1);
+    o_dense = std::get<0>(strata::torch::attention_forward(q1, kc, vc, dense_args));
+  };
+  const auto sdpa = [&] {
+    kc.narrow(2, T - 1, 1).copy_(k1);
+    vc.narrow(2, T - 1, 1).copy_(v1);
+    o_sdpa = at::scaled_dot_product_attention(q1, kc, vc, {}, 0.0, false);
+  };
+
+  // Warm-up (3 steps each), then the check: ours vs the double reference's row T-1.
+  for (int w = 0; w < 3; ++w) {
+    work = base;
+    ours();
+    dense();
+    sdpa();
+  }
+  std::vector<double> ro(static_cast<size_t>(heads * kHeadDim)), rlse(static_cast<size_t>(heads));
+  reference::mlr_attention_forward(tv(q1, "q"), tv(k, "k"), tv(v, "v"), opt, ro.data(), rlse.data());
+  const double err = max_rel_err(o.transpose(1, 2), f64(ro, {1, 1, heads, kHeadDim}));
+  const double dense_vs_sdpa = max_rel_err(o_dense, o_sdpa);
+
+  const int steps = std::max(1, 10 * reps);
+  std::vector<std::vector<double>> secs(3);
+  for (int r = 0; r < steps; ++r) {
+    work = base;  // untimed: every timed step appends token T-1 to the prefilled cache
+    secs[1].push_back(time_once(dense));
+    secs[2].push_back(time_once(sdpa));
+    secs[0].push_back(time_once(ours));
+  }
+
+  const MlrFlops f = mlr_attention_flops(1, heads, 1, T, kHeadDim, opt);
+  const double dense_key_bytes = double(base.dense_key_bytes());
+  const double dense_value_bytes = double(heads * T * kHeadDim * int64_t(sizeof(float)));
+  const char* peers[] = {"", "strata.flash", "torch.sdpa"};
+  for (int i = 1; i <= 2; ++i) {
+    BenchRow row;
+    row.case_name = "decode step";
+    row.method = "strata.mlr_kv_cache";
+    row.peer = peers[i];
+    row.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};
+    row.shape_label = fmt::format("H={} T={} {}", heads, T, split.name);
+    row.dtype = "float32";
+    row.tolerance = kTolerance;
+    row.checked_against = "strata::reference f64 (row T-1 of the forward over T tokens)";
+    row.ref_max_rel_err = err;
+    row.correct = err < kTolerance;
+    row.max_rel_err = kNaN;
+    row.flops = f.total;
+    row.peer_flops = f.dense_total;
+    set_row_times(row, secs[0], secs[size_t(i)]);
+    const double key_ratio = double(base.key_bytes()) / dense_key_bytes;
+    row.extra = {{"tokens_per_s", 1.0 / row.ours.median_s},
+                 {"peer_tokens_per_s", 1.0 / row.peer_time.median_s},
+                 {"key_bytes", base.key_bytes()},
+                 {"value_bytes", base.value_bytes()},
+                 {"peer_key_bytes", dense_key_bytes},
+                 {"peer_value_bytes", dense_value_bytes},
+                 {"key_cache_ratio", key_ratio},
+                 {"flop_ratio_scores", f.dense_scores / f.scores},
+                 {"flop_ratio_total", f.dense_total / f.total},
+                 {"dense_decode_vs_sdpa_rel_err", dense_vs_sdpa}};
+    rep.rows.push_back(std::move(row));
+    const BenchRow& b = rep.rows.back();
+    print_peer_table_row(b, rep.peak.all_gflops,
+                         fmt::format("tok/s {:.0f} vs {:.0f}; keys {:.2f} MB vs {:.2f} MB ({:.3f}x); values "
+                                     "{:.2f} MB both",
+                                     1.0 / b.ours.median_s, 1.0 / b.peer_time.median_s, base.key_bytes() / 1e6,
+                                     dense_key_bytes / 1e6, key_ratio, base.value_bytes() / 1e6));
+  }
+}
+
+// The value of `field` (a row field or extra) of the row matching, if any.
+std::optional<double> find(const BenchReport& rep, const std::string& case_name, int64_t T, const std::string& split,
+                           const std::string& peer, const std::function<double(const BenchRow&)>& field) {
+  for (const BenchRow& r : rep.rows)
+    if (r.case_name == case_name && r.shape.value("seq", int64_t(0)) == T &&
+        r.shape.value("split", std::string()) == split && r.peer == peer)
+      return field(r);
+  return std::nullopt;
+}
+
+void add_targets(BenchReport& rep) {
+  const auto speedup = [](const BenchRow& r) { return r.speedup; };
+  const auto ratio = [](const BenchRow& r) { return r.extra.value("flop_ratio_total", 0.0); };
+  for (const auto& [case_name, factor] : {std::pair<std::string, double>{"fwd causal", 0.85}, {"bwd causal", 0.8}}) {
+    const auto s = find(rep, case_name, 8192, "8x8", "strata.flash", speedup);
+    const auto r = find(rep, case_name, 8192, "8x8", "strata.flash", ratio);
+    rep.targets.push_back(
+        {fmt::format("{} T=8192 8x8: speedup vs strata.flash >= {} x its FLOP ratio ({})", case_name, factor,
+                     r ? fmt::format("{:.3f}", *r) : "?"),
+         r ? factor * *r : kNaN, s});
+  }
+  for (const char* case_name : {"fwd causal", "bwd causal"})
+    rep.targets.push_back({fmt::format("{} T=4096 8x8: speedup vs torch.mlr_blockwise (reference construction)",
+                                       case_name),
+                           10.0, find(rep, case_name, 4096, "8x8", "torch.mlr_blockwise", speedup)});
+  rep.targets.push_back({"decode T=8192 8x8: key cache bytes / dense key cache bytes", 0.26,
+                         find(rep, "decode step", 8192, "8x8", "strata.flash",
+                              [](const BenchRow& r) { return r.extra.value("key_cache_ratio", 0.0); }),
+                         true});
+  rep.targets.push_back({"decode T=8192 8x8: step speedup vs dense decoding (strata.flash)", 1.0,
+                         find(rep, "decode step", 8192, "8x8", "strata.flash", speedup)});
+}
+
+}  // namespace
+
+CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
+  CLI::App* cmd = bench.add_subcommand(
+      "mlr",
+      "MLR attention (causal, fp32) vs our dense kernel, torch SDPA and the reference code's\n"
+      "block-diagonal construction in torch; then KV-cache decoding vs dense decoding");
+  cmd->add_flag("--quick", o.quick, "T 1024/4096/8192 (decode at 8192)");
+  cmd->add_flag("--smoke", o.smoke, "T = 256 only, one rep (for tests)");
+  cmd->add_option("--seq", o.seq, "keep only these T (repeatable; decode runs when its T is kept)")->type_name("T");
+  cmd->add_option("--split", o.split, "keep only these splits (repeatable)")
+      ->check(CLI::IsMember({"8x8", "32|8|6|4|4|4|4|2", "16x4"}));
+  cmd->add_option("--heads", o.heads, "heads (default 8)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--ref-max-seq", o.ref_max_seq,
+                  "largest T for the torch.mlr_blockwise peer (T x T buffers per level; default 4096)")
+      ->type_name("T");
+  cmd->add_option("--ref-bwd-max-seq", o.ref_bwd_max_seq,
+                  "largest T for torch.mlr_blockwise's autograd backward (every block copy adds a\n"
+                  "T x T gradient copy: about 80 s a call at T = 4096; default 4096)")
+      ->type_name("T");
+  cmd->add_option("--json", o.json, "write the results as JSON to FILE (rewritten after every group)")
+      ->type_name("FILE");
+  cmd->add_option("--csv", o.csv, "also write the rows as CSV to FILE")->type_name("FILE");
+  cmd->add_option("--threads", o.threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--reps", o.reps,
+                  "timed rounds per group after one warm-up (default 5, 3 with --quick, 1 with --smoke;\n"
+                  "groups over 20 s use fewer, never under 3); decode steps: 10x")
+      ->check(CLI::Range(1, 100000));
+  return cmd;
+}
+
+int run_bench_mlr(const BenchMlrOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> seqs = o.smoke ? std::vector<int64_t>{256}
+                              : o.quick ? std::vector<int64_t>{1024, 4096, 8192}
+                                        : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
+  const int64_t decode_T = o.smoke ? 256 : 8192;
+  const auto kept = [](const auto& list, const auto& x) {
+    return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+  };
+  std::vector<int64_t> sel;
+  for (int64_t T : seqs)
+    if (kept(o.seq, T)) sel.push_back(T);
+  std::vector<Split> splits;
+  for (const Split& s : all_splits())
+    if (kept(o.split, s.name)) splits.push_back(s);
+  const bool decode = kept(o.seq, decode_T) && kept(o.split, std::string("8x8"));
+  STRATA_CHECK(!(sel.empty() && !decode) && !splits.empty(), "strata bench mlr: arguments '--seq', '--split': "
+               "expected a selection that keeps at least one T of the sweep and one split, got none");
+
+  const int threads = configure_threads(o.threads);
+  fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
+  std::fflush(stdout);
+  BenchReport rep = new_report("mlr", threads);
+  print_preamble(rep);
+  const int reps = o.reps > 0 ? o.reps : (o.smoke ? 1 : o.quick ? 3 : 5);
+  fmt::print("T: {}; splits: {}; ours = strata.mlr (layout bhsd, causal, fp32), {} heads, d = d_v = {}; "
+             "torch.mlr_blockwise up to T = {} (its backward: {}); {} timed rounds per group\n",
+             fmt::join(sel, ", "), splits.size(), o.heads, kHeadDim, o.ref_max_seq, o.ref_bwd_max_seq, reps);
+  print_peer_table_header();
+  for (int64_t T : sel)
+    for (const Split& s : splits) {
+      run_config(rep, o.heads, T, s, reps, o.ref_max_seq, o.ref_bwd_max_seq);
+      if (!o.json.empty()) write_json(rep, o.json);
+    }
+  if (decode) {
+    run_decode(rep, o.heads, decode_T, all_splits()[0], reps);
+    if (!o.json.empty()) write_json(rep, o.json);
+  }
+  add_targets(rep);
+  finish_report(rep, threads, o.json, o.csv);
+  print_targets(rep.targets);
+
+  int wrong = 0;
+  for (const BenchRow& r : rep.rows) wrong += !r.correct;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("\n{} of {} rows correct; {:.0f} s in all.", int(rep.rows.size()) - wrong, rep.rows.size(), secs);
+  if (!o.json.empty()) fmt::print(" JSON: {}", o.json);
+  if (!o.csv.empty()) fmt::print(" CSV: {}", o.csv);
+  fmt::print("\n");
+  if (wrong) {
+    fmt::print(stderr, "strata bench mlr: {} row(s) failed the correctness check (ok = NO above)\n", wrong);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::app

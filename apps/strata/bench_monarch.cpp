@@ -1,0 +1,328 @@
+// apps/strata/bench_monarch.cpp: `strata bench monarch`: MonarchAttention (strata/monarch.h, stable
+// mode, fp32, non-causal) against exact attention in the same process: torch SDPA and our dense
+// kernel (strata.flash).
+//
+// Sweep: N in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 16384; --smoke: 256, one rep),
+// batch 1, 12 heads, D = Dv = 64, steps T in {1, 2}, block size B = floor(sqrt(N)) (the paper's
+// benchmarks), M = ceil(N / B) blocks. Per N two groups, each timed round-robin after one warm-up
+// whose outputs are checked (ours for T = 1 and T = 2 and the two peers in every round):
+//   fwd  ours = monarch_attention_forward (no saved state); peers: strata.flash forward, SDPA
+//   bwd  the backward op alone: ours = monarch_attention_backward given the forward's saved state
+//        (T = 2; nothing to save for T = 1); strata.flash attention_backward from its (o, lse);
+//        SDPA: torch::autograd::grad on a graph built once (retain_graph)
+// Correctness (Monarch is an approximation, so against Monarch references): ours vs the same
+// algorithm written with torch ops (torch_monarch below, all heads; its autograd for dq, dk, dv)
+// and, for N <= 4096 (backward: N <= 2048), vs strata::reference (double, materialises N x N) on
+// head 0. fp32 tolerance 1e-4 on max|diff| / max|ref|. Informational: ours vs exact softmax
+// attention (SDPA) in max_rel_err of every row (and "rel_err_vs_exact_softmax").
+// FLOPs: the paper's count, 2 x N*D*[T*(2B + 2M) + B] MACs per (batch, head) forward; dense
+// 4*N^2*D; backward 2.5x forward for both (performance.md's convention). ideal_mac_ratio =
+// dense / Monarch MACs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_runner.h"
+#include "bench_common.h"
+#include "commands.h"
+#include "session.h"
+#include "strata/error.h"
+#include "strata/monarch.h"
+#include "strata/torch/attention.h"
+
+namespace strata::app {
+namespace {
+
+constexpr int64_t kHeadDim = 64;
+constexpr int64_t kRefMaxN = 4096;     // strata::reference forward (N x N doubles) up to here
+constexpr int64_t kRefBwdMaxN = 2048;  // and its backward
+constexpr double kGroupBudgetS = 20.0;
+constexpr double kTolerance = 1e-4;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench monarch", arg); }
+
+// MonarchAttention (stable mode, post-padding, scale 1/sqrt(D)) in torch ops, batched over
+// (batch, head); differentiable. q, k, v: batch x heads x N x d (BHSD). Index names as monarch.h:
+// block k / l, offset j / i. Tensors a, c are indexed [k][j]; al, cl, L [j][...].
+at::Tensor torch_monarch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t steps, int64_t B) {
+  const int64_t Bt = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
+  const int64_t M = (N + B - 1) / B, P = M * B;
+  const double sc = 1.0 / std::sqrt(double(D));
+  const auto blocks = [&](const at::Tensor& x) {  // (batch*heads) x M x B x dim, zero-padded at the end
+    at::Tensor y = x.reshape({Bt * H, N, x.size(3)});
+    if (P > N) y = at::constant_pad_nd(y, {0, 0, 0, P - N});
+    return y.reshape({Bt * H, M, B, x.size(3)});
+  };
+  const at::Tensor qb = blocks(q), kb = blocks(k), vb = blocks(v);
+  const at::Tensor valid = (at::arange(P) < N).reshape({M, B});             // token m*B+j is real
+  const at::Tensor key_ok = valid.reshape({1, M, 1, B});                     // [k][.][i]
+  const at::Tensor w = valid.to(at::kFloat).t().reshape({1, B, M, 1});      // query weight at [j][l]
+  const at::Tensor qT = qb.transpose(1, 2);                                  // [j][l] x D
+  at::Tensor a = qb, c = at::ones({Bt * H, M, B});
+  for (int64_t t = 0;; ++t) {
+    // R-step: R_k[j, i] = softmax_i(sc * a[k,j].k_{kB+i} / c[k,j]) over block k's real keys.
+    const at::Tensor s = (at::matmul(a, kb.transpose(-1, -2)) * sc / c.unsqueeze(-1))
+                             .masked_fill(key_ok.logical_not(), -std::numeric_limits<double>::infinity());
+    const at::Tensor logR = at::log_softmax(s, -1), R = logR.exp();
+    const at::Tensor al = (at::matmul(R, kb) * sc).transpose(1, 2);                            // [j][k] x D
+    const at::Tensor cl = (R * at::where(key_ok, logR, at::zeros_like(logR))).sum(-1).transpose(1, 2);  // [j][k]
+    // L-step: L_j[l, k] = softmax_k(q_{lB+j}.al[j,k] - cl[j,k]).
+    const at::Tensor L = at::softmax(at::matmul(qT, al.transpose(-1, -2)) - cl.unsqueeze(-2), -1);  // [j][l][k]
+    if (t + 1 == steps) {
+      const at::Tensor y = at::matmul(R, vb).transpose(1, 2);  // [j][k] x Dv
+      return at::matmul(L, y).transpose(1, 2).reshape({Bt, H, P, Dv}).narrow(2, 0, N);
+    }
+    const at::Tensor Lw = L * w;
+    a = at::matmul(Lw.transpose(-1, -2), qT).transpose(1, 2);  // [k][j] x D
+    c = Lw.sum(-2).transpose(1, 2);                            // [k][j]
+  }
+}
+
+at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
+  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
+}
+
+double monarch_flops(int64_t heads, int64_t N, int64_t steps, const MonarchGeometry& g) {
+  return 2.0 * double(heads) * double(N) * double(kHeadDim) *
+         double(steps * (2 * g.block_size + 2 * g.num_blocks) + g.block_size);
+}
+
+// One N: the forward group and the backward group (see the file comment).
+void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list, int reps) {
+  at::manual_seed(20250518);
+  const std::vector<int64_t> sizes{1, heads, N, kHeadDim};  // batch x heads x N x d (BHSD)
+  const at::Tensor q = at::randn(sizes), k = at::randn(sizes), v = at::randn(sizes), dout = at::randn(sizes);
+  strata::torch::AttentionArgs dense_args;
+  dense_args.layout = "bhsd";
+  const size_t S = steps_list.size();
+  std::vector<MonarchOptions> opts(S);
+  for (size_t s = 0; s < S; ++s) {
+    opts[s].num_steps = steps_list[s];
+    opts[s].layout = Layout::BHSD;
+  }
+  const MonarchGeometry g = monarch_geometry(N, opts[0]);
+  const double dense_fwd = 4.0 * double(heads) * double(N) * double(N) * double(kHeadDim);
+
+  // Checks of ours (per T) on the warm-up outputs. `ours_out` = o or (dq, dk, dv).
+  const auto check = [&](size_t s, const std::vector<at::Tensor>& ours_out, bool backward, double* err,
+                         std::string* against) {
+    const int64_t T = steps_list[s];
+    *against = "torch_monarch (all heads)";
+    if (!backward) {
+      at::NoGradGuard no_grad;
+      *err = max_rel_err(ours_out[0], torch_monarch(q, k, v, T, g.block_size));
+    } else {
+      const at::Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
+                       vg = v.detach().requires_grad_(true);
+      const auto gr = ::torch::autograd::grad({torch_monarch(qg, kg, vg, T, g.block_size)}, {qg, kg, vg}, {dout});
+      *err = 0;
+      for (int i = 0; i < 3; ++i) *err = std::max(*err, max_rel_err(ours_out[size_t(i)], gr[size_t(i)]));
+    }
+    if (N > (backward ? kRefBwdMaxN : kRefMaxN)) return;
+    *against += " and strata::reference f64 (head 0)";
+    const at::Tensor q0 = q.narrow(1, 0, 1), k0 = k.narrow(1, 0, 1), v0 = v.narrow(1, 0, 1);
+    const auto head0 = [](const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); };  // BSHD order
+    if (!backward) {
+      std::vector<double> ro(size_t(N * kHeadDim));
+      reference::monarch_attention_forward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), opts[s], ro.data());
+      *err = std::max(*err, max_rel_err(head0(ours_out[0]), f64(ro, {1, N, 1, kHeadDim})));
+    } else {
+      std::vector<double> rdq(size_t(N * kHeadDim)), rdk(rdq.size()), rdv(rdq.size());
+      reference::monarch_attention_backward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"),
+                                            tv(dout.narrow(1, 0, 1), "dout"), opts[s], rdq.data(), rdk.data(),
+                                            rdv.data());
+      std::vector<double>* r[3] = {&rdq, &rdk, &rdv};
+      for (int i = 0; i < 3; ++i)
+        *err = std::max(*err, max_rel_err(head0(ours_out[size_t(i)]), f64(*r[i], {1, N, 1, kHeadDim})));
+    }
+  };
+
+  for (const bool backward : {false, true}) {
+    // Methods: ours for each T, then the peers.
+    std::vector<std::vector<at::Tensor>> ours_out(S);
+    std::vector<at::Tensor> states(S);
+    at::Tensor o_dense, lse_dense, o_sdpa;
+    std::vector<at::Tensor> g_dense, g_sdpa;
+    std::vector<std::function<void()>> fns;
+    at::Tensor qg, kg, vg, o_graph;
+    if (backward) {
+      std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args);
+      qg = q.detach().requires_grad_(true);
+      kg = k.detach().requires_grad_(true);
+      vg = v.detach().requires_grad_(true);
+      o_graph = at::scaled_dot_product_attention(qg, kg, vg);
+      for (size_t s = 0; s < S; ++s) {
+        if (steps_list[s] < 2) continue;
+        const at::Tensor o_tmp = at::empty(sizes);
+        states[s] = at::empty({1, heads, steps_list[s] - 1, g.padded_len, kHeadDim});
+        monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(o_tmp, "o"), tv(states[s], "state"),
+                                  opts[s]);
+      }
+    }
+    for (size_t s = 0; s < S; ++s) {
+      if (!backward) {
+        fns.push_back([&, s] {
+          ours_out[s] = {at::empty(sizes)};
+          monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(ours_out[s][0], "o"), TensorView{},
+                                    opts[s]);
+        });
+      } else {
+        fns.push_back([&, s] {
+          ours_out[s] = {at::empty(sizes), at::empty(sizes), at::empty(sizes)};
+          const TensorView state = states[s].defined() ? tv(states[s], "state") : TensorView{};
+          monarch_attention_backward(tv(q, "q"), tv(k, "k"), tv(v, "v"), state, tv(dout, "dout"),
+                                     tv(ours_out[s][0], "dq"), tv(ours_out[s][1], "dk"), tv(ours_out[s][2], "dv"),
+                                     opts[s]);
+        });
+      }
+    }
+    if (!backward) {
+      fns.push_back([&] { std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args); });
+      fns.push_back([&] { o_sdpa = at::scaled_dot_product_attention(q, k, v); });
+    } else {
+      fns.push_back([&] {
+        const auto [a, b, c] = strata::torch::attention_backward(q, k, v, o_dense, lse_dense, dout, dense_args);
+        g_dense = {a, b, c};
+      });
+      fns.push_back([&] { g_sdpa = ::torch::autograd::grad({o_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true); });
+    }
+    std::vector<double> err(S);
+    std::vector<std::string> against(S);
+    std::vector<double> exact_err(S);
+    const auto secs = warm_check_time(fns, reps, kGroupBudgetS, [&] {
+      for (size_t s = 0; s < S; ++s) {
+        check(s, ours_out[s], backward, &err[s], &against[s]);
+        exact_err[s] = 0;
+        if (!backward) exact_err[s] = max_rel_err(ours_out[s][0], o_sdpa);
+        for (size_t i = 0; backward && i < 3; ++i)
+          exact_err[s] = std::max(exact_err[s], max_rel_err(ours_out[s][i], g_sdpa[i]));
+      }
+    });
+
+    const char* peers[] = {"strata.flash", "torch.sdpa"};
+    for (size_t s = 0; s < S; ++s) {
+      const int64_t T = steps_list[s];
+      const double mult = backward ? 2.5 : 1.0;
+      const double flops = mult * monarch_flops(heads, N, T, g);
+      const double ideal = dense_fwd / monarch_flops(heads, N, T, g);
+      for (size_t p = 0; p < 2; ++p) {
+        BenchRow row;
+        row.case_name = backward ? "bwd" : "fwd";
+        row.method = "strata.monarch";
+        row.peer = peers[p];
+        row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
+        row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, g.block_size);
+        row.dtype = "float32";
+        row.tolerance = kTolerance;
+        row.checked_against = against[s];
+        row.ref_max_rel_err = err[s];
+        row.correct = err[s] < kTolerance;
+        row.max_rel_err = exact_err[s];  // the peer computes exact softmax attention
+        row.flops = flops;
+        row.peer_flops = mult * dense_fwd;
+        set_row_times(row, secs[s], secs[S + p]);
+        row.extra = {{"block_size", g.block_size},          {"num_blocks", g.num_blocks},
+                     {"ideal_mac_ratio", ideal},            {"fraction_of_ideal", row.speedup / ideal},
+                     {"rel_err_vs_exact_softmax", exact_err[s]}};
+        rep.rows.push_back(std::move(row));
+        print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
+                             fmt::format("ideal {:.1f}x, {:.2f} of it; vs exact {:.1e}", ideal,
+                                         rep.rows.back().speedup / ideal, exact_err[s]));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o) {
+  CLI::App* cmd = bench.add_subcommand(
+      "monarch",
+      "MonarchAttention (fp32, T = 1, 2 steps, B = floor(sqrt(N))) vs exact attention: torch SDPA\n"
+      "and our dense kernel; forward and backward");
+  cmd->add_flag("--quick", o.quick, "N 1024/4096/16384");
+  cmd->add_flag("--smoke", o.smoke, "N = 256 only, one rep (for tests)");
+  cmd->add_option("--seq", o.seq, "keep only these N (repeatable)")->type_name("N");
+  cmd->add_option("--steps", o.steps, "keep only these step counts T (repeatable; default 1 and 2)")
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--heads", o.heads, "heads (default 12)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--json", o.json, "write the results as JSON to FILE (rewritten after every group)")
+      ->type_name("FILE");
+  cmd->add_option("--csv", o.csv, "also write the rows as CSV to FILE")->type_name("FILE");
+  cmd->add_option("--threads", o.threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--reps", o.reps,
+                  "timed rounds per group after one warm-up (default 5, 3 with --quick, 1 with --smoke;\n"
+                  "groups over 20 s use fewer, never under 3)")
+      ->check(CLI::Range(1, 100000));
+  return cmd;
+}
+
+int run_bench_monarch(const BenchMonarchOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> seqs = o.smoke ? std::vector<int64_t>{256}
+                                    : o.quick ? std::vector<int64_t>{1024, 4096, 16384}
+                                              : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
+  std::vector<int64_t> sel;
+  for (int64_t n : seqs)
+    if (o.seq.empty() || std::find(o.seq.begin(), o.seq.end(), n) != o.seq.end()) sel.push_back(n);
+  std::vector<int64_t> steps = o.steps.empty() ? std::vector<int64_t>{1, 2} : o.steps;
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  STRATA_CHECK(!sel.empty(), "strata bench monarch: argument '--seq': expected a selection that keeps at least "
+               "one N of the ", o.smoke ? "smoke" : o.quick ? "quick" : "full", " sweep, got none");
+
+  const int threads = configure_threads(o.threads);
+  fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
+  std::fflush(stdout);
+  BenchReport rep = new_report("monarch", threads);
+  print_preamble(rep);
+  const int reps = o.reps > 0 ? o.reps : (o.smoke ? 1 : o.quick ? 3 : 5);
+  fmt::print("N: {}; T: {}; ours = strata.monarch (stable mode, layout bhsd, fp32), {} heads, D = {}, "
+             "B = floor(sqrt(N)); peers: strata.flash and torch.sdpa (exact, non-causal); {} timed rounds per "
+             "group\n",
+             fmt::join(sel, ", "), fmt::join(steps, ", "), o.heads, kHeadDim, reps);
+  print_peer_table_header();
+  for (int64_t n : sel) {
+    run_n(rep, o.heads, n, steps, reps);
+    if (!o.json.empty()) write_json(rep, o.json);
+  }
+  const auto speedup_at = [&](int64_t n) -> std::optional<double> {
+    for (const BenchRow& r : rep.rows)
+      if (r.case_name == "fwd" && r.peer == "torch.sdpa" && r.shape.value("seq", int64_t(0)) == n &&
+          r.shape.value("steps", int64_t(0)) == 1)
+        return r.speedup;
+    return std::nullopt;
+  };
+  rep.targets.push_back({"fwd T=1 N=4096: speedup vs torch.sdpa", 10.0, speedup_at(4096)});
+  rep.targets.push_back({"fwd T=1 N=16384: speedup vs torch.sdpa", 20.0, speedup_at(16384)});
+  finish_report(rep, threads, o.json, o.csv);
+  print_targets(rep.targets);
+
+  int wrong = 0;
+  for (const BenchRow& r : rep.rows) wrong += !r.correct;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("\n{} of {} rows correct; {:.0f} s in all.", int(rep.rows.size()) - wrong, rep.rows.size(), secs);
+  if (!o.json.empty()) fmt::print(" JSON: {}", o.json);
+  if (!o.csv.empty()) fmt::print(" CSV: {}", o.csv);
+  fmt::print("\n");
+  if (wrong) {
+    fmt::print(stderr, "strata bench monarch: {} row(s) failed the correctness check (ok = NO above)\n", wrong);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::app

@@ -1,0 +1,59 @@
+// apps/strata/files.cpp: atomic file writes and the shared data folder (files.h).
+#include "files.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "strata/error.h"
+
+namespace strata::app {
+
+void write_file_atomic(const std::string& path, const std::string& content, const char* where) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  std::error_code ec;
+  if (p.has_parent_path()) {
+    fs::create_directories(p.parent_path(), ec);
+    STRATA_CHECK(!ec, where, ": cannot create folder '", p.parent_path().string(), "': ", ec.message());
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    STRATA_CHECK(f.good(), where, ": cannot open '", tmp, "' for writing: ", std::strerror(errno));
+    f.write(content.data(), std::streamsize(content.size()));
+    f.flush();
+    if (!f.good()) {
+      std::remove(tmp.c_str());
+      STRATA_CHECK(false, where, ": writing '", tmp, "' failed (disk full?)");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    STRATA_CHECK(false, where, ": cannot rename '", tmp, "' to '", path, "': ", why);
+  }
+}
+
+std::string find_shared_file(const std::string& relative, std::string* tried) {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("STRATA_SHARED_DIR"); env && *env) dirs.emplace_back(env);
+  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/shared");
+  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/../shared");
+  std::string all;
+  for (const std::string& d : dirs) {
+    const std::string p = d + "/" + relative;
+    if (std::filesystem::is_regular_file(p)) return p;
+    all += (all.empty() ? "" : ", ") + p;
+  }
+  if (tried) *tried = all;
+  return "";
+}
+
+}  // namespace strata::app

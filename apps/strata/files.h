@@ -1,0 +1,17 @@
+// apps/strata/files.h: how the CLI writes and finds files: atomic writes (a result file is either
+// the old one or the complete new one, never a torn mix), and the shared data folder.
+#pragma once
+#include <string>
+
+namespace strata::app {
+
+// Writes `content` to `path` via a temporary file in the same folder + rename(2), creating missing
+// parent folders. Throws strata::Error naming `where`, the path and the reason on failure.
+void write_file_atomic(const std::string& path, const std::string& content, const char* where);
+
+// A file of the shared data folder (e.g. "data/sts/sts-test.csv"): under $STRATA_SHARED_DIR when
+// set, else shared/ in or beside the source tree. Returns "" when it is in none of them, and
+// then sets *tried (when given) to the candidates, comma-separated.
+std::string find_shared_file(const std::string& relative, std::string* tried = nullptr);
+
+}  // namespace strata::app
