@@ -6,7 +6,9 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <exception>
+#include <unistd.h>
 #include <string>
 
 #include "commands.h"
@@ -43,7 +45,24 @@ int run_info(const InfoOptions& o) {
 
 }  // namespace strata::app
 
+namespace {
+
+// Torch's OpenMP threads (libgomp) spin for a while after every parallel region; strata's pool
+// sleeps. When a torch op runs just before one of ours (a peer in a benchmark, the projections
+// around attention in a model) the spinning threads take the cores our workers need: measured
+// here, an MLR decode step went from 1.1 to 3.3 ms and the MLR forward lost 5%. libgomp reads
+// OMP_WAIT_POLICY once, when it is loaded (before main), so the CLI sets it and re-executes
+// itself. Set OMP_WAIT_POLICY yourself (ACTIVE or PASSIVE) to choose; STRATA_NO_REEXEC=1 skips this.
+void make_torch_threads_passive(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("STRATA_NO_REEXEC") != nullptr) return;
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  make_torch_threads_passive(argv);
   using namespace strata::app;
   CLI::App app{"strata: structured softmax attention kernels, their peers and benchmarks", "strata"};
   app.set_version_flag("--version", version_string());
