@@ -27,7 +27,7 @@ struct ConvertConfig {
   int64_t sts_pairs = 0;               // 0: all 1,379; else the first n pairs
   std::vector<int64_t> long_lengths = {128, 256, 512};
   int64_t passages = 16;               // per length, consecutive non-overlapping windows
-  int64_t batch_size = 32;
+  int64_t batch_size = 32;             // sentences per forward (of equal length: no padding)
   std::string out_dir = "out/convert";
   bool plot = true;
   bool quiet = false;
@@ -42,6 +42,10 @@ std::vector<ConvertMethod> quick_convert_methods();
 struct ConvertSummary {
   double softmax_spearman = 0, best_monarch_spearman = 0;
   std::string best_monarch;
+  // the best Monarch row with fewer STS-B attention FLOPs than softmax (short sentences: a block
+  // size >= the length is exact softmax attention at a higher cost)
+  double best_cheap_monarch_spearman = 0, best_cheap_monarch_fraction = 0;
+  std::string best_cheap_monarch;
   bool sts_target = false;   // best Monarch >= 97% of softmax
   bool long_target = false;  // N = 512: a Monarch row at <= 35% FLOPs with mean cosine >= 0.95
   bool baselines_lower = false;  // and every Nystrom / Performer row at >= its FLOPs scores lower
