@@ -47,6 +47,8 @@
 // dyadic blocks, non-causal, against 2 * T^2 * head_dim dense (see mlr_attention_flops); P V stays
 // dense (2 * pairs * head_dim_v).
 // Backward: about 2.5x the forward, recomputing P from lse.
+// L = 1 with one block holding every position is dense attention with scale c_1: both passes
+// then run the dense kernel (strata/attention.h), so the numbers are exactly that kernel's.
 // Threads: parallel over (batch, head, query tile) forward, (batch, kv head, key tile) backward.
 #pragma once
 #include <cstdint>

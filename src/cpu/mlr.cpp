@@ -207,9 +207,30 @@ MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, 
 
 }  // namespace cpu
 
+namespace {
+
+// One level whose single block holds every position: every pair shares level 1, so the scores
+// are c_1 q.k and MLR attention IS dense attention with scale c_1 (level_average and
+// mask_cross_segment change nothing). Then the dense kernel runs, so that L = 1 gives the same
+// numbers as strata::attention_forward / backward, bit for bit.
+bool is_dense(const MlrParams& p) {
+  return p.lv.num_levels == 1 && p.lv.block[0] >= p.seqlen_k && p.lv.seg == nullptr && p.lv.seg_offsets == nullptr;
+}
+AttentionOptions dense_options(const MlrParams& p, const MlrOptions& opt) {
+  AttentionOptions a;
+  a.scale = p.level_scale[0];
+  a.causal = opt.causal;
+  a.layout = opt.layout;
+  return a;
+}
+
+}  // namespace
+
 void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const TensorView& lse, const MlrOptions& opt) {
-  run_forward(make_params("mlr_attention_forward", q, k, v, o, lse, opt));
+  const MlrParams p = make_params("mlr_attention_forward", q, k, v, o, lse, opt);
+  if (is_dense(p)) return attention_forward(q, k, v, o, lse, dense_options(p, opt));
+  run_forward(p);
 }
 
 void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -230,6 +251,7 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
+  if (is_dense(p)) return attention_backward(q, k, v, o, lse, dout, dq, dk, dv, dense_options(p, opt));
   run_backward(p);
 }
 
