@@ -269,9 +269,47 @@ std::vector<Case> layout_gqa_dtype_cases() {
   return v;
 }
 
+// Few queries (decoding, seqlen_q <= 4) take their own path in the kernel (keys read in place,
+// one unit per (batch, head)): every option again, against the same reference.
+std::vector<Case> decode_cases() {
+  std::vector<Case> v;
+  for (int64_t nq : {1, 2, 4})
+    for (int64_t nk : {1, 7, 97, 1025}) {
+      Case c;
+      c.Nq = nq;
+      c.Nk = nk;
+      c.D = c.Dv = 64;
+      c.Hq = 4;
+      c.Hkv = 2;
+      v.push_back(c);
+      c.causal = true;
+      v.push_back(c);
+      if (nk < 97) continue;
+      c.wl = 20;  // window + globals + key padding + bias, bf16, BHSD, odd dims, strided
+      c.G = 3;
+      c.kpm = true;
+      c.bias = true;
+      v.push_back(c);
+      c.dtype = DType::bf16;
+      c.layout = Layout::BHSD;
+      c.D = 59;
+      c.Dv = 48;
+      c.gap = 3;
+      c.dim_stride = 2;
+      v.push_back(c);
+      c.dtype = DType::f32;
+      c.Hkv = 1;  // MQA
+      c.wl = -1;
+      c.wr = 0;
+      v.push_back(c);
+    }
+  return v;
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case>& i) { return i.param.name(); }
 
 INSTANTIATE_TEST_SUITE_P(Lengths, AttentionSweep, ::testing::ValuesIn(length_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Decode, AttentionSweep, ::testing::ValuesIn(decode_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HeadDims, AttentionSweep, ::testing::ValuesIn(head_dim_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Masks, AttentionSweep, ::testing::ValuesIn(mask_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(LayoutGqaDtype, AttentionSweep, ::testing::ValuesIn(layout_gqa_dtype_cases()),
