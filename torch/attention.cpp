@@ -53,29 +53,8 @@ AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout 
 // be float32, bfloat16 or float64 (one dtype).
 void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionOptions& o) {
-  const Layout l = o.layout;
-  check_4d(where, "q", q, l);
-  check_4d(where, "k", k, l);
-  check_4d(where, "v", v, l);
-  const TensorView qv = view_of(q, where, "q");
-  STRATA_CHECK_ARG(qv.dtype == DType::f32 || qv.dtype == DType::bf16 || qv.dtype == DType::f64, where, "q",
-                   "dtype float32, bfloat16 or float64", dtype_name(qv.dtype));
-  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
-                   torch_dtype_name(k));
-  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
-                   torch_dtype_name(v));
-  view_of(k, where, "k");
-  view_of(v, where, "v");
-  const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  STRATA_CHECK_ARG(dk.b == dq.b && dk.d == dq.d, where, "k",
-                   cat(dims_str({dq.b, dk.s, dk.h, dq.d}), " (batch and head_dim of q)"), dims_str(dk));
-  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dk.s && dv.h == dk.h, where, "v",
-                   cat(dims_str({dq.b, dk.s, dk.h, dv.d}), " (batch of q, seq and heads of k)"), dims_str(dv));
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  const auto [dq, dk, dv] = check_reference_qkv(where, q, k, v, o.layout);
+  const DType qdt = view_of(q, where, "q").dtype;
   STRATA_CHECK_ARG(o.window_left >= -1, where, "window_left", ">= 0, or -1 for unbounded", o.window_left);
   STRATA_CHECK_ARG(o.window_right >= -1, where, "window_right", ">= 0, or -1 for unbounded", o.window_right);
   STRATA_CHECK_ARG(o.num_global >= 0, where, "num_global", ">= 0", o.num_global);
@@ -94,8 +73,8 @@ void check_reference_inputs(const char* where, const at::Tensor& q, const at::Te
                      cat("4-D, broadcastable to [", want[0], ", ", want[1], ", ", want[2], ", ", want[3],
                          "] (batch, heads_q, seq_q, seq_k)"),
                      b.shape_str());
-    STRATA_CHECK_ARG(b.dtype == DType::f32 || b.dtype == qv.dtype, where, "bias",
-                     cat("dtype float32 or ", dtype_name(qv.dtype)), dtype_name(b.dtype));
+    STRATA_CHECK_ARG(b.dtype == DType::f32 || b.dtype == qdt, where, "bias",
+                     cat("dtype float32 or ", dtype_name(qdt)), dtype_name(b.dtype));
   }
 }
 

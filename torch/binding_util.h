@@ -16,6 +16,7 @@
 
 #include "strata/attention.h"
 #include "strata/error.h"
+#include "strata/torch/attention.h"  // view_of
 
 namespace strata::torch::binding {
 
@@ -53,6 +54,40 @@ inline void check_4d(const char* where, const char* arg, const at::Tensor& t, La
                    cat("a 4-D tensor (", l == Layout::BSHD ? "batch, seq, heads, dim" : "batch, heads, seq, dim",
                        ") in layout ", layout_name(l)),
                    cat(t.dim(), "-D ", t.sizes()));
+}
+
+// The checks a core entry point makes on q, k, v, for the double-precision references (which
+// check nothing): defined 4-D CPU tensors of one dtype (float32, bfloat16 or float64), heads and
+// head dims >= 1, k with q's batch and head_dim, v with q's batch and k's seq and heads, heads_q a
+// multiple of heads_kv. Returns the logical dims of q, k, v. Errors name `where` and the argument.
+struct QkvDims {
+  Dims4 q, k, v;
+};
+inline QkvDims check_reference_qkv(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   Layout l) {
+  check_4d(where, "q", q, l);
+  check_4d(where, "k", k, l);
+  check_4d(where, "v", v, l);
+  const TensorView qv = view_of(q, where, "q");
+  STRATA_CHECK_ARG(qv.dtype == DType::f32 || qv.dtype == DType::bf16 || qv.dtype == DType::f64, where, "q",
+                   "dtype float32, bfloat16 or float64", dtype_name(qv.dtype));
+  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
+                   torch_dtype_name(k));
+  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
+                   torch_dtype_name(v));
+  view_of(k, where, "k");
+  view_of(v, where, "v");
+  const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  STRATA_CHECK_ARG(dk.b == dq.b && dk.d == dq.d, where, "k",
+                   cat(dims_str({dq.b, dk.s, dk.h, dq.d}), " (batch and head_dim of q)"), dims_str(dk));
+  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dk.s && dv.h == dk.h, where, "v",
+                   cat(dims_str({dq.b, dk.s, dk.h, dv.d}), " (batch of q, seq and heads of k)"), dims_str(dv));
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  return {dq, dk, dv};
 }
 
 // A strided CPU tensor with sizes `sizes`, laid out in memory in the dim order of `like`

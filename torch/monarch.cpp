@@ -78,25 +78,11 @@ at::Tensor empty_state(const at::Tensor& q, const MonarchOptions& o) {
 // float32, bfloat16 or float64 (one dtype).
 void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const MonarchOptions& o) {
-  const Inputs in = views(where, q, k, v, o.layout);
-  STRATA_CHECK_ARG(in.q.dtype == DType::f32 || in.q.dtype == DType::bf16 || in.q.dtype == DType::f64, where, "q",
-                   "dtype float32, bfloat16 or float64", dtype_name(in.q.dtype));
-  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k",
-                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(k));
-  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v",
-                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(v));
-  const Dims4 dq = dims(q, o.layout), dk = dims(k, o.layout), dv = dims(v, o.layout);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  STRATA_CHECK_ARG(dk.b == dq.b && dk.s == dq.s && dk.d == dq.d, where, "k",
+  const Dims4 dq = binding::check_reference_qkv(where, q, k, v, o.layout).q, dk = dims(k, o.layout);
+  STRATA_CHECK_ARG(dk.s == dq.s, where, "k",
                    cat(dims_str({dq.b, dq.s, dk.h, dq.d}),
                        " (batch, seq and head_dim of q: self-attention only, no cross-attention)"),
                    dims_str(dk));
-  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dq.s && dv.h == dk.h, where, "v",
-                   cat(dims_str({dq.b, dq.s, dk.h, dv.d}), " (batch and seq of q, heads of k)"), dims_str(dv));
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
   const TensorView& m = o.key_padding_mask;
   if (m.ndim != 0) {
     STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dq.s, where, "key_padding_mask",
