@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "attention_runner.h"
+#include "bench_common.h"
 #include "commands.h"
 #include "session.h"
 #include "strata/error.h"
@@ -109,36 +110,16 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   fmt::print("{} rows, {} timed reps each (after a warm-up), ours = strata.flash (layout bhsd), "
              "peer = torch.sdpa\n", cases.size(), plan.reps);
   print_table_header();
-  int wrong = 0;
   for (const AttnCase& c : cases) {
     rep.rows.push_back(run_attention_row(c, plan));
     print_table_row(rep.rows.back(), rep.peak.all_gflops);
-    wrong += !rep.rows.back().correct;
     if (!o.json.empty()) write_json(rep, o.json);
   }
-  // A busy moment at the start would understate the peak (and overstate every % of peak): measure
-  // again now and keep the higher of the two in the JSON.
-  const FmaPeak end_peak = measure_fma_peak(threads);
-  if (end_peak.all_gflops > rep.peak.all_gflops) {
-    fmt::print("\nfp32 FMA peak re-measured at the end: {:.1f} GFLOP/s (start: {:.1f}); the JSON's % of peak "
-               "uses the higher\n", end_peak.all_gflops, rep.peak.all_gflops);
-    rep.peak.all_gflops = end_peak.all_gflops;
-  }
-  rep.peak.per_core_gflops = std::max(rep.peak.per_core_gflops, end_peak.per_core_gflops);
-  if (!o.json.empty()) write_json(rep, o.json);
-  if (!o.csv.empty()) write_csv(rep, o.csv);
-
+  // A busy moment at the start would understate the peak (and overstate every % of peak):
+  // finish_report measures again and keeps the higher of the two in the JSON.
+  finish_report(rep, threads, o.json, o.csv);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("\n{} of {} rows correct; {:.0f} s in all.", int(rep.rows.size()) - wrong, rep.rows.size(), secs);
-  if (!o.json.empty()) fmt::print(" JSON: {}", o.json);
-  if (!o.csv.empty()) fmt::print(" CSV: {}", o.csv);
-  fmt::print("\n");
-  if (wrong) {
-    fmt::print(stderr, "strata bench attention: {} row(s) failed the correctness check (ok = NO above)\n",
-               wrong);
-    return 1;
-  }
-  return 0;
+  return print_run_summary(rep, "strata bench attention", o.json, o.csv, secs);
 }
 
 }  // namespace strata::app

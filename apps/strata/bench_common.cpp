@@ -99,4 +99,19 @@ void finish_report(BenchReport& rep, int threads, const std::string& json, const
   if (!csv.empty()) write_csv(rep, csv);
 }
 
+int print_run_summary(const BenchReport& rep, const char* command, const std::string& json, const std::string& csv,
+                      double seconds) {
+  int wrong = 0;
+  for (const BenchRow& r : rep.rows) wrong += !r.correct;
+  fmt::print("\n{} of {} rows correct; {:.0f} s in all.", int(rep.rows.size()) - wrong, rep.rows.size(), seconds);
+  if (!json.empty()) fmt::print(" JSON: {}", json);
+  if (!csv.empty()) fmt::print(" CSV: {}", csv);
+  fmt::print("\n");
+  if (wrong) {
+    fmt::print(stderr, "{}: {} row(s) failed the correctness check (ok = NO above)\n", command, wrong);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace strata::app

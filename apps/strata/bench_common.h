@@ -1,4 +1,4 @@
-// apps/strata/bench_common.h: what the structured-attention benches (`bench mlr`, `bench monarch`)
+// apps/strata/bench_common.h: what the benches (`bench attention`, `bench mlr`, `bench monarch`)
 // share: rows from round-robin timings, a table that names each row's peer, issue targets as
 // PASS / FAIL lines, and the end of a run (peak re-measured, JSON / CSV written).
 #pragma once
@@ -29,6 +29,12 @@ void print_targets(const std::vector<BenchTarget>& targets);
 // Re-measures the FMA peak (keeps the higher, as bench attention), writes JSON and CSV when the
 // paths are non-empty.
 void finish_report(BenchReport& rep, int threads, const std::string& json, const std::string& csv);
+
+// The last lines of a bench run: "n of m rows correct; s in all", the files written, and on stderr
+// how many rows failed. Returns the command's exit status: 1 when a row failed its correctness
+// check, else 0. `command` names the bench in the message, e.g. "strata bench mlr".
+int print_run_summary(const BenchReport& rep, const char* command, const std::string& json, const std::string& csv,
+                      double seconds);
 
 // Calls fn once and returns its wall time (the warm-up whose outputs are checked).
 inline double warm_up(const std::function<void()>& fn) { return time_once(fn); }

@@ -311,18 +311,8 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
   finish_report(rep, threads, o.json, o.csv);
   print_targets(rep.targets);
 
-  int wrong = 0;
-  for (const BenchRow& r : rep.rows) wrong += !r.correct;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("\n{} of {} rows correct; {:.0f} s in all.", int(rep.rows.size()) - wrong, rep.rows.size(), secs);
-  if (!o.json.empty()) fmt::print(" JSON: {}", o.json);
-  if (!o.csv.empty()) fmt::print(" CSV: {}", o.csv);
-  fmt::print("\n");
-  if (wrong) {
-    fmt::print(stderr, "strata bench monarch: {} row(s) failed the correctness check (ok = NO above)\n", wrong);
-    return 1;
-  }
-  return 0;
+  return print_run_summary(rep, "strata bench monarch", o.json, o.csv, secs);
 }
 
 }  // namespace strata::app
