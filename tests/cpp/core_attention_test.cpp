@@ -48,19 +48,9 @@ struct Case {
   }
 };
 
+// Every ISA this CPU runs; scalar only for small cases (it is slow).
 std::vector<Isa> isas_to_test(const Case& c) {
-  std::vector<Isa> out;
-  const double work = double(c.Nq) * c.Nk * (c.D + c.Dv) * c.Hq * c.B;
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
-    try {
-      set_isa(isa);
-    } catch (const Error&) {
-      continue;
-    }
-    if (isa == Isa::scalar && work > 2e7 && !out.empty()) continue;  // scalar is slow: small cases
-    out.push_back(isa);
-  }
-  return out;
+  return test::isas_to_test(double(c.Nq) * c.Nk * (c.D + c.Dv) * c.Hq * c.B, 2e7);
 }
 
 void run_case(const Case& c) {
@@ -137,15 +127,7 @@ void run_case(const Case& c) {
 
 class AttentionSweep : public ::testing::TestWithParam<Case> {
  protected:
-  void TearDown() override {
-    for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
-      try {
-        set_isa(isa);
-        return;
-      } catch (const Error&) {
-      }
-    }
-  }
+  void TearDown() override { test::restore_best_isa(); }
 };
 TEST_P(AttentionSweep, MatchesReference) { run_case(GetParam()); }
 

@@ -88,31 +88,12 @@ struct Case {
   }
 };
 
+// Every ISA this CPU runs; scalar (std::fma calls, W = 1; slow, under ASan very) for small cases
+// only (most of them).
 std::vector<Isa> isas_to_test(const Case& c) {
-  std::vector<Isa> out;
-  const double work = double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B;
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
-    try {
-      set_isa(isa);
-    } catch (const Error&) {
-      continue;
-    }
-    // scalar (std::fma calls, W = 1) is slow, under ASan very: small cases only (most of them)
-    if (isa == Isa::scalar && work > 1.5e6 && !out.empty()) continue;
-    out.push_back(isa);
-  }
-  return out;
+  return test::isas_to_test(double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B, 1.5e6);
 }
-
-void restore_best_isa() {
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
-    try {
-      set_isa(isa);
-      return;
-    } catch (const Error&) {
-    }
-  }
-}
+using test::restore_best_isa;
 
 // max |a - b| / max(max |b|, floor) over two double vectors (non-finite entries must match).
 double vec_rel_err(const std::vector<double>& a, const std::vector<double>& b, double floor = 1e-6) {

@@ -39,27 +39,8 @@ namespace {
 
 using test::Owned4;
 
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
-    try {
-      set_isa(isa);
-      out.push_back(isa);
-    } catch (const Error&) {
-    }
-  }
-  return out;
-}
-
-void restore_best_isa() {
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
-    try {
-      set_isa(isa);
-      return;
-    } catch (const Error&) {
-    }
-  }
-}
+std::vector<Isa> available_isas() { return test::isas_to_test(); }
+using test::restore_best_isa;
 
 struct IsaGuard {
   ~IsaGuard() { restore_best_isa(); }

@@ -1,5 +1,6 @@
-// tests/cpp/test_util.h: owned random tensors with chosen dtype / layout / strides, and the
-// normwise relative error used by every kernel-vs-reference comparison.
+// tests/cpp/test_util.h: owned random tensors with chosen dtype / layout / strides, the
+// normwise relative error used by every kernel-vs-reference comparison, and the ISA loop the
+// kernel sweeps run each case under.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -7,8 +8,39 @@
 #include <vector>
 
 #include "strata/attention.h"
+#include "strata/cpu.h"
+#include "strata/error.h"
 
 namespace strata::test {
+
+// The ISAs this CPU runs, best first, to run a case under each (set_isa is left at the last one
+// tried: call restore_best_isa after). The scalar ISA (W = 1, std::fma calls; very slow under
+// ASan) is left out of cases with more than `scalar_max_work` multiply-adds unless it is the
+// only ISA.
+inline std::vector<Isa> isas_to_test(double work = 0, double scalar_max_work = 1e300) {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
+    try {
+      set_isa(isa);
+    } catch (const Error&) {
+      continue;
+    }
+    if (isa == Isa::scalar && work > scalar_max_work && !out.empty()) continue;
+    out.push_back(isa);
+  }
+  return out;
+}
+
+// Back to the best ISA this CPU runs (the default dispatch).
+inline void restore_best_isa() {
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::scalar}) {
+    try {
+      set_isa(isa);
+      return;
+    } catch (const Error&) {
+    }
+  }
+}
 
 // A 4-D tensor with logical dims (b, s, h, d) stored in `layout`, optionally strided:
 // gap > 0 pads every row of the last dim (row stride d + gap); dim_stride 2 interleaves.
