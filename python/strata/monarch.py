@@ -153,8 +153,8 @@ def performer_attention(
     """Performer (FAVOR+ positive random features), differentiable by torch autograd.
 
     ``num_features`` Gaussian features shared by all batches and heads; ``seed`` None draws them
-    from torch's default generator on every call (as the paper's code), an int makes the output
-    reproducible bit for bit. Masked tokens are not keys and output zeros.
+    from torch's default generator on every call (as the paper's code), an int draws the same
+    features every time (the output is close, not bitwise, from call to call). Masked tokens are not keys and output zeros.
     """
     return _ops.performer_attention(q, k, v, num_features, seed, key_padding_mask, scale, layout)
 

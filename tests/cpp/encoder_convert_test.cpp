@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,10 +148,24 @@ TEST(AttentionZoo, MadeFunctionsComputeTheirMethod) {
   EXPECT_LT((one_block[0] - soft[0]).abs().max().item<double>(), 1e-5);
   EXPECT_LT((one_block[1].narrow(0, 0, 14) - soft[1].narrow(0, 0, 14)).abs().max().item<double>(), 1e-5);
   // The baselines: the functions of strata/torch/baselines.h with the spec's options and the mask.
-  EXPECT_TRUE(at::equal(strata::models::make_attention(parse_attention_spec("nystrom:landmarks=5,iters=4"))(q, k, v, mask),
-                        strata::torch::nystrom_attention(q, k, v, 5, 4, mask)));
-  EXPECT_TRUE(at::equal(strata::models::make_attention(parse_attention_spec("performer:features=16,seed=3"))(q, k, v, mask),
-                        strata::torch::performer_attention(q, k, v, 16, 3, mask)));
+  // Not bitwise: the first Performer call of a process differed from later ones by 2.5e-5
+  // (relative) in about 1 run in 50 while each fp32 result is within 4e-7 of float64 otherwise
+  // (cause not found: a first-call effect inside ATen / MKL). Bound 1e-4; other options move the
+  // output by O(1), so the check still tells methods and options apart.
+  const auto close = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a - b).abs().max().item<double>() <= 1e-4 * std::max(1.0, b.abs().max().item<double>());
+  };
+  EXPECT_TRUE(close(strata::models::make_attention(parse_attention_spec("nystrom:landmarks=5,iters=4"))(q, k, v, mask),
+                    strata::torch::nystrom_attention(q, k, v, 5, 4, mask)));
+  EXPECT_FALSE(close(strata::models::make_attention(parse_attention_spec("nystrom:landmarks=5,iters=4"))(q, k, v, mask),
+                     strata::torch::nystrom_attention(q, k, v, 6, 4, mask)));
+  {
+    const at::Tensor a = strata::models::make_attention(parse_attention_spec("performer:features=16,seed=3"))(q, k, v, mask);
+    const at::Tensor b = strata::torch::performer_attention(q, k, v, 16, 3, mask);
+    EXPECT_TRUE(close(a, b)) << "max |diff| " << (a - b).abs().max().item<double>();
+  }
+  EXPECT_FALSE(close(strata::models::make_attention(parse_attention_spec("performer:features=16,seed=3"))(q, k, v, mask),
+                     strata::torch::performer_attention(q, k, v, 16, 4, mask)));
   // Monarch's mode reaches the kernel: reference and stable differ on masked query rows.
   const at::Tensor refm = strata::models::make_attention(parse_attention_spec("monarch:B=4,mode=reference"))(q, k, v, mask);
   const at::Tensor stab = strata::models::make_attention(parse_attention_spec("monarch:B=4"))(q, k, v, mask);

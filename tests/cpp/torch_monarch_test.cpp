@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -489,17 +490,25 @@ TEST(TorchPerformer, MatchesNaiveFloat64Implementation) {
 }
 
 TEST(TorchPerformer, SeedMakesItReproducible) {
+  // The features are bitwise reproducible; outputs are not (the first call of a process was seen
+  // 2.5e-5 off later ones, tests/cpp/encoder_convert_test.cpp): bound 1e-4, while other features
+  // move the output by O(1).
+  const auto close = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a - b).abs().max().item<double>() <= 1e-4 * std::max(1.0, b.abs().max().item<double>());
+  };
+  EXPECT_TRUE(at::equal(st::performer_omega(8, 64, 7), st::performer_omega(8, 64, 7))) << "same seed, same features";
+  EXPECT_FALSE(at::equal(st::performer_omega(8, 64, 7), st::performer_omega(8, 64, 8)));
   at::manual_seed(11);
   const at::Tensor q = at::randn({1, 16, 2, 8}), k = at::randn({1, 16, 2, 8}), v = at::randn({1, 16, 2, 8});
   const at::Tensor a = st::performer_attention(q, k, v, 64, 7), b = st::performer_attention(q, k, v, 64, 7);
-  EXPECT_TRUE(at::equal(a, b)) << "same seed, same output (bitwise)";
-  EXPECT_FALSE(at::equal(a, st::performer_attention(q, k, v, 64, 8))) << "another seed, other features";
-  EXPECT_FALSE(at::equal(st::performer_attention(q, k, v, 64), st::performer_attention(q, k, v, 64)))
+  EXPECT_TRUE(close(a, b)) << "same seed, same output";
+  EXPECT_FALSE(close(a, st::performer_attention(q, k, v, 64, 8))) << "another seed, other features";
+  EXPECT_FALSE(close(st::performer_attention(q, k, v, 64), st::performer_attention(q, k, v, 64)))
       << "no seed: redrawn on every call";
   at::manual_seed(99);
   const at::Tensor c = st::performer_attention(q, k, v, 64);
   at::manual_seed(99);
-  EXPECT_TRUE(at::equal(c, st::performer_attention(q, k, v, 64))) << "no seed: ATen's default generator";
+  EXPECT_TRUE(close(c, st::performer_attention(q, k, v, 64))) << "no seed: ATen's default generator";
 }
 
 TEST(TorchPerformer, ManyFeaturesApproachSoftmaxWithinTheEstimatorsSpread) {

@@ -213,10 +213,13 @@ def test_nystrom_with_one_landmark_per_token_is_softmax():
 
 
 def test_performer_seed_reproducible():
+    # Same seed, same features; the outputs are not bitwise equal in every process (a first call
+    # was seen 2.5e-5 off, tests/cpp/encoder_convert_test.cpp), another seed moves them by O(1).
     q, k, v = make_qkv(1, 12, 2, 2, 8, 8, seed=5)
     a = strata.performer_attention(q, k, v, 32, seed=3)
-    assert torch.equal(a, strata.performer_attention(q, k, v, 32, seed=3))
-    assert not torch.equal(a, strata.performer_attention(q, k, v, 32, seed=4))
+    bound = 1e-4 * max(1.0, a.abs().max().item())
+    assert (a - strata.performer_attention(q, k, v, 32, seed=3)).abs().max().item() <= bound
+    assert (a - strata.performer_attention(q, k, v, 32, seed=4)).abs().max().item() > bound
 
 
 def test_flops():

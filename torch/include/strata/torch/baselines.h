@@ -25,8 +25,9 @@ namespace strata::torch {
 // Computed with exponents shifted by a per-query-row max and a per-(batch, head) key max (the
 // shifts cancel exactly in the ratio; no overflow), and without ref's +1e-8 in the denominator
 // (a row whose denominator underflows to 0 outputs zeros).
-// omega: seed given -> drawn from a CPU generator seeded with `seed` (same seed, same features,
-// bitwise-identical output); no seed -> drawn from ATen's default generator (at::manual_seed /
+// omega: seed given -> drawn from a CPU generator seeded with `seed` (same seed, bitwise the same
+// features; the output is NOT bitwise reproducible: the first call of a process was seen 2.5e-5
+// (relative) off later ones, cause not found, inside ATen / MKL); no seed -> drawn from ATen's default generator (at::manual_seed /
 // torch.manual_seed), i.e. new features on every call, as ref.
 at::Tensor performer_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                int64_t num_features, std::optional<int64_t> seed = {},
