@@ -7,6 +7,14 @@
 // its namespace.
 #pragma once
 
+// Coefficients of the degree-5 polynomial for 2^f on [-0.5, 0.5] shared by the vector exp2 of
+// every ISA: minimax for relative error with c0 = 1 fixed, so that 2^0 is exactly 1 (the online
+// softmax tests alpha == 1 to skip rescaling). Relative error 9.1e-8 in exact arithmetic, 1.9e-7
+// evaluated in fp32 (the degree-6 Taylor polynomial it replaced: 2.4e-7).
+constexpr float kExp2C0 = 1.0f, kExp2C1 = 0.6931469775976778f, kExp2C2 = 0.24022242083111783f,
+                kExp2C3 = 0.055507337444709946f, kExp2C4 = 0.009671512785779867f,
+                kExp2C5 = 0.0013264727252711626f;
+
 #if STRATA_ISA_LEVEL == 2
 struct VF {
   static constexpr int W = 16;
@@ -23,25 +31,29 @@ inline VF vmul(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline VF vmax(VF a, VF b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline float vreduce_max(VF a) { return _mm512_reduce_max_ps(a.v); }
 inline float vreduce_add(VF a) { return _mm512_reduce_add_ps(a.v); }
-// 2^x (x < -125 gives exactly 0, -inf gives 0, NaN gives NaN). The clamp keeps every result a
-// normal float: an underflowing scalef (e.g. 2^-150 for a masked score) takes a microcode
-// assist costing ~100+ cycles, which made causal tiles 30% slower. max/min return their SECOND
-// operand when either is NaN, so putting x second lets NaN flow through.
+// 2^x (x < -125 gives exactly 0, -inf gives 0, NaN gives NaN, x >= 128 gives +inf). The lower
+// clamp keeps every result a normal float: an underflowing scalef (e.g. 2^-150 for a masked
+// score) takes a microcode assist costing ~100+ cycles, which made causal tiles 30% slower.
+// scalef itself saturates large n to +inf, so no upper clamp is needed (every caller passes a
+// score minus its row max or lse, x <= ~0). max returns its SECOND operand when either is NaN,
+// so putting x second lets NaN flow through. 10 vector ops: it is the softmax's inner loop.
 inline VF vexp2(VF x) {
-  __m512 xc = _mm512_max_ps(_mm512_set1_ps(-125.f), x.v);
-  xc = _mm512_min_ps(_mm512_set1_ps(128.f), xc);
-  __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_sub_ps(xc, n);  // f in [-0.5, 0.5]
-  // 2^f, degree-6 Taylor in f*ln2: relative error < 1.3e-7 on [-0.5, 0.5] (fp32 eps 1.2e-7).
-  __m512 p = _mm512_set1_ps(1.5403530393381608e-04f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-125.f), x.v);
+  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(xc, n);  // f in [-0.5, 0.5]
+  // 2^f: the degree-5 polynomial above
+  __m512 p = _mm512_set1_ps(kExp2C5);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C0));
   const __mmask16 keep = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-125.f), _CMP_NLT_UQ);  // NaN kept
   return {_mm512_maskz_scalef_ps(keep, p, n)};
+}
+// b where b > a + slack, else a (b = NaN gives a): a lazily raised running max.
+inline VF vraise(VF a, VF b, float slack) {
+  return {_mm512_mask_mov_ps(a.v, _mm512_cmp_ps_mask(b.v, _mm512_add_ps(a.v, _mm512_set1_ps(slack)), _CMP_GT_OQ), b.v)};
 }
 // x where x != -inf, else 0 (so that x - m never computes (-inf) - (-inf)).
 inline VF vneginf_to_zero(VF x) {
@@ -86,19 +98,20 @@ inline VF vexp2(VF x) {
   xc = _mm256_min_ps(_mm256_set1_ps(127.f), xc);
   __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 f = _mm256_sub_ps(xc, n);
-  __m256 p = _mm256_set1_ps(1.5252733804059840e-05f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381608e-04f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-02f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-01f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-01f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256 p = _mm256_set1_ps(kExp2C5);  // 2^f: the minimax polynomial above
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C4));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C3));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C2));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C1));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C0));
   __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   // below 2^-125 flush to 0 (softmax weights that small do not matter); NaN stays NaN (x second
   // in max/min above carries it through)
   return {_mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-125.f), _CMP_LT_OQ))};
+}
+inline VF vraise(VF a, VF b, float slack) {
+  return {_mm256_blendv_ps(a.v, b.v, _mm256_cmp_ps(b.v, _mm256_add_ps(a.v, _mm256_set1_ps(slack)), _CMP_GT_OQ))};
 }
 inline VF vneginf_to_zero(VF x) {
   return {_mm256_blendv_ps(x.v, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))};
@@ -126,6 +139,7 @@ inline VF vmax(VF a, VF b) { return {a.v > b.v ? a.v : (b.v != b.v ? b.v : (a.v 
 inline float vreduce_max(VF a) { return a.v; }
 inline float vreduce_add(VF a) { return a.v; }
 inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
+inline VF vraise(VF a, VF b, float slack) { return {b.v > a.v + slack ? b.v : a.v}; }
 inline VF vneginf_to_zero(VF x) { return {x.v == -INFINITY ? 0.f : x.v}; }
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   return {((lo.v <= j && j <= hi.v) || j <= ghi.v) ? s.v : -INFINITY};

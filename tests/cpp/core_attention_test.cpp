@@ -348,6 +348,36 @@ TEST(Attention, NonFiniteInputPropagatesToItsRowsOnly) {
   }
 }
 
+// The forward raises a row's reference max lazily (only when a key tile beats it by more than
+// 2^8, core/online_softmax.inc). Bias jumps at later key tiles exercise both paths: +5 (kept: P up
+// to 2^5 * e^...), +40 and +200 (raised; the old P underflow to 0), and -200 (far below the max).
+TEST(Attention, LogitJumpsAcrossKeyTilesMatchReference) {
+  const int64_t Nq = 70, Nk = 700, D = 16;
+  std::mt19937 rng(11);
+  Owned4 q(1, Nq, 1, D, DType::f32, Layout::BSHD), k(1, Nk, 1, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, Nk, 1, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  std::vector<float> bias(size_t(Nq * Nk), 0.f);
+  const float jump[4] = {5.f, 40.f, 200.f, -200.f};
+  for (int64_t i = 0; i < Nq; ++i)
+    for (int64_t j = 0; j < Nk; ++j)
+      if (j >= 150 + 37 * (i % 5)) bias[size_t(i * Nk + j)] = jump[i % 4] * float(1 + j / 250);
+  AttentionOptions opt;
+  opt.bias = TensorView(bias.data(), DType::f32, {1, 1, Nq, Nk});
+  std::vector<double> ro(static_cast<size_t>(Nq * D)), rl(static_cast<size_t>(Nq));
+  reference::attention_forward(q.view, k.view, v.view, opt, ro.data(), rl.data());
+  for (Isa isa : test::isas_to_test()) {
+    SCOPED_TRACE(isa_name(isa));
+    set_isa(isa);
+    Owned4 o(1, Nq, 1, D, DType::f32, Layout::BSHD);
+    std::vector<float> lse(static_cast<size_t>(Nq));
+    attention_forward(q.view, k.view, v.view, o.view, TensorView(lse.data(), DType::f32, {1, 1, Nq}), opt);
+    EXPECT_LE(test::rel_err(o, Layout::BSHD, ro, 1, Nq, 1, D), 2e-5);
+    for (int64_t i = 0; i < Nq; ++i) EXPECT_NEAR(lse[size_t(i)], rl[size_t(i)], 1e-5 * std::max(1.0, std::fabs(rl[size_t(i)]))) << i;
+  }
+  test::restore_best_isa();
+}
+
 TEST(Attention, ThreadCountDoesNotChangeResults) {
   const int64_t N = 300, D = 64;
   std::mt19937 rng(5);

@@ -674,6 +674,38 @@ TEST(Mlr, EmptySizesAreNoOps) {
                                          k0, opt));
 }
 
+// The forward raises a row's reference max lazily (core/online_softmax.inc). Keys whose norm grows
+// with position (x1 at key 0, x ~150 at key 699) make later key tiles beat the running max by
+// small amounts (kept) and by far more than 2^8 (raised), non-causal and causal.
+TEST(Mlr, GrowingLogitsAcrossKeyTilesMatchReference) {
+  const int64_t N = 700, D = 16;
+  std::mt19937 rng(12);
+  Owned4 q(1, N, 1, D, DType::f32, Layout::BSHD), k(1, N, 1, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, N, 1, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t d = 0; d < D; ++d) {
+      int64_t idx[4] = {0, j, 0, d};
+      k.view.set(idx, k.view.get(idx) * (1.0 + double(j * j) / 3300.0));
+    }
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    MlrOptions opt = mlr_options({4, 4, 4, 4});
+    opt.causal = causal;
+    std::vector<double> ro(static_cast<size_t>(N * D)), rl(static_cast<size_t>(N));
+    reference::mlr_attention_forward(q.view, k.view, v.view, opt, ro.data(), rl.data());
+    for (Isa isa : test::isas_to_test()) {
+      SCOPED_TRACE(isa_name(isa));
+      set_isa(isa);
+      const std::vector<float> got = forward_f32(q, k, v, opt);
+      std::vector<double> o(got.begin(), got.begin() + N * D), lse(got.begin() + N * D, got.end());
+      EXPECT_LE(vec_rel_err(o, ro), 2e-5);
+      for (int64_t i = 0; i < N; ++i) EXPECT_NEAR(lse[size_t(i)], rl[size_t(i)], 1e-5 * std::max(1.0, std::fabs(rl[size_t(i)]))) << i;
+    }
+    test::restore_best_isa();
+  }
+}
+
 TEST(Mlr, ThreadCountDoesNotChangeForward) {
   const int64_t N = 300, D = 32;
   std::mt19937 rng(5);
