@@ -28,7 +28,9 @@ inline VF vfma(VF a, VF b, VF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline VF vadd(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline VF vsub(VF a, VF b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline VF vmul(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline VF vmax(VF a, VF b) { return {_mm512_max_ps(a.v, b.v)}; }
+// (the maskz form with a full mask is the same instruction; GCC 12 flags _mm512_max_ps's
+// undefined pass-through as uninitialised under -Werror in some callers)
+inline VF vmax(VF a, VF b) { return {_mm512_maskz_max_ps(__mmask16(0xffff), a.v, b.v)}; }
 inline float vreduce_max(VF a) { return _mm512_reduce_max_ps(a.v); }
 inline float vreduce_add(VF a) { return _mm512_reduce_add_ps(a.v); }
 // 2^x (x < -125 gives exactly 0, -inf gives 0, NaN gives NaN, x >= 128 gives +inf). The lower
