@@ -378,6 +378,36 @@ TEST(Attention, LogitJumpsAcrossKeyTilesMatchReference) {
   test::restore_best_isa();
 }
 
+// The same without bias or masks, so every tile takes the fused path (the score GEMM subtracts
+// the lanes' reference max and takes the column max, core/gemm.inc gemm_shift_max): keys whose
+// norm grows with position (x1 at key 0, x ~150 at key 699) beat the running max by small and
+// by large amounts in later key tiles.
+TEST(Attention, GrowingLogitsOnUnmaskedTilesMatchReference) {
+  const int64_t Nq = 70, Nk = 700, D = 16;
+  std::mt19937 rng(13);
+  Owned4 q(1, Nq, 1, D, DType::f32, Layout::BSHD), k(1, Nk, 1, D, DType::f32, Layout::BSHD);
+  Owned4 v(1, Nk, 1, D, DType::f32, Layout::BSHD);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  for (int64_t j = 0; j < Nk; ++j)
+    for (int64_t d = 0; d < D; ++d) {
+      int64_t idx[4] = {0, j, 0, d};
+      k.view.set(idx, k.view.get(idx) * (1.0 + double(j * j) / 3300.0));
+    }
+  AttentionOptions opt;
+  std::vector<double> ro(static_cast<size_t>(Nq * D)), rl(static_cast<size_t>(Nq));
+  reference::attention_forward(q.view, k.view, v.view, opt, ro.data(), rl.data());
+  for (Isa isa : test::isas_to_test()) {
+    SCOPED_TRACE(isa_name(isa));
+    set_isa(isa);
+    Owned4 o(1, Nq, 1, D, DType::f32, Layout::BSHD);
+    std::vector<float> lse(static_cast<size_t>(Nq));
+    attention_forward(q.view, k.view, v.view, o.view, TensorView(lse.data(), DType::f32, {1, 1, Nq}), opt);
+    EXPECT_LE(test::rel_err(o, Layout::BSHD, ro, 1, Nq, 1, D), 2e-5);
+    for (int64_t i = 0; i < Nq; ++i) EXPECT_NEAR(lse[size_t(i)], rl[size_t(i)], 1e-5 * std::max(1.0, std::fabs(rl[size_t(i)]))) << i;
+  }
+  test::restore_best_isa();
+}
+
 TEST(Attention, ThreadCountDoesNotChangeResults) {
   const int64_t N = 300, D = 64;
   std::mt19937 rng(5);
