@@ -1,7 +1,11 @@
 // tests/cpp/test_util.h: owned random tensors with chosen dtype / layout / strides, the
 // normwise relative error used by every kernel-vs-reference comparison, and the ISA loop the
-// kernel sweeps run each case under.
+// kernel sweeps run each case under; keys that grow with position and an lse check for the
+// tests of the forwards' lazily raised reference max.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -81,6 +85,26 @@ struct Owned4 {
     return view.get(idx);
   }
 };
+
+// Multiplies key row j of a BSHD tensor by 1 + j^2 / 3300 (x1 at j = 0, x ~150 at j = 700): later
+// key tiles then beat a query's running max both by a little and by far more than 2^8, which
+// exercises the forward kernels' lazily raised reference max (core/online_softmax.inc).
+inline void grow_keys_with_position(Owned4& k) {
+  int64_t idx[4];
+  for (idx[0] = 0; idx[0] < k.view.shape[0]; ++idx[0])
+    for (idx[1] = 0; idx[1] < k.view.shape[1]; ++idx[1])
+      for (idx[2] = 0; idx[2] < k.view.shape[2]; ++idx[2])
+        for (idx[3] = 0; idx[3] < k.view.shape[3]; ++idx[3])
+          k.view.set(idx, k.view.get(idx) * (1.0 + double(idx[1] * idx[1]) / 3300.0));
+}
+
+// Every lse within 1e-5 relative (absolute below 1) of the reference's.
+template <class T>
+void expect_lse_near(const std::vector<T>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(double(got[i]), want[i], 1e-5 * std::max(1.0, std::fabs(want[i]))) << "lse " << i;
+}
 
 // max |got - want| / max(max |want|, floor): a normwise relative error (FlashAttention-style
 // tests use the same idea). NaN anywhere in got where want is finite counts as infinite error.
