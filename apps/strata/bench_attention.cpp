@@ -79,15 +79,9 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--pass", o.pass, "keep only rows of these passes (repeatable)")
       ->check(CLI::IsMember({"fwd", "fwd+bwd"}));
-  cmd->add_option("--json", o.json, "write the results as JSON to FILE (rewritten after every row)")
-      ->type_name("FILE");
-  cmd->add_option("--csv", o.csv, "also write the rows as CSV to FILE")->type_name("FILE");
-  cmd->add_option("--threads", o.threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--reps", o.reps,
-                  "timed repetitions per method and row, after one warm-up (default 5, 3 with --quick;\n"
-                  "rows whose warm-up pair exceeds 8 s use fewer, never under 3)")
-      ->check(CLI::Range(1, 100000));
+  add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "row",
+                           "timed repetitions per method and row, after one warm-up (default 5, 3 with --quick;\n"
+                           "rows whose warm-up pair exceeds 8 s use fewer, never under 3)");
   return cmd;
 }
 

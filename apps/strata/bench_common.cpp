@@ -7,9 +7,20 @@
 #include <cmath>
 #include <cstdio>
 
+#include "commands.h"
 #include "strata/error.h"
 
 namespace strata::app {
+
+void add_bench_output_options(CLI::App* cmd, std::string& json, std::string& csv, int& threads, int& reps,
+                              const std::string& json_unit, const std::string& reps_help) {
+  cmd->add_option("--json", json, "write the results as JSON to FILE (rewritten after every " + json_unit + ")")
+      ->type_name("FILE");
+  cmd->add_option("--csv", csv, "also write the rows as CSV to FILE")->type_name("FILE");
+  cmd->add_option("--threads", threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--reps", reps, reps_help)->check(CLI::Range(1, 100000));
+}
 
 int group_reps(int reps, double round_s, double budget_s) {
   if (reps <= 3 || round_s * reps <= budget_s) return reps;

@@ -463,15 +463,9 @@ CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
                   "largest T for torch.mlr_blockwise's autograd backward (every block copy adds a\n"
                   "T x T gradient copy: about 80 s a call at T = 4096; default 4096)")
       ->type_name("T");
-  cmd->add_option("--json", o.json, "write the results as JSON to FILE (rewritten after every group)")
-      ->type_name("FILE");
-  cmd->add_option("--csv", o.csv, "also write the rows as CSV to FILE")->type_name("FILE");
-  cmd->add_option("--threads", o.threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--reps", o.reps,
-                  "timed rounds per group after one warm-up (default 5, also with --quick; 1 with --smoke;\n"
-                  "groups over 20 s use fewer, never under 3); decode steps: 10x")
-      ->check(CLI::Range(1, 100000));
+  add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
+                           "timed rounds per group after one warm-up (default 5, also with --quick; 1 with --smoke;\n"
+                           "groups over 20 s use fewer, never under 3); decode steps: 10x");
   return cmd;
 }
 

@@ -258,15 +258,9 @@ CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o) {
   cmd->add_option("--steps", o.steps, "keep only these step counts T (repeatable; default 1 and 2)")
       ->check(CLI::Range(1, 16));
   cmd->add_option("--heads", o.heads, "heads (default 12)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--json", o.json, "write the results as JSON to FILE (rewritten after every group)")
-      ->type_name("FILE");
-  cmd->add_option("--csv", o.csv, "also write the rows as CSV to FILE")->type_name("FILE");
-  cmd->add_option("--threads", o.threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--reps", o.reps,
-                  "timed rounds per group after one warm-up (default 5, 3 with --quick, 1 with --smoke;\n"
-                  "groups over 20 s use fewer, never under 3)")
-      ->check(CLI::Range(1, 100000));
+  add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
+                           "timed rounds per group after one warm-up (default 5, 3 with --quick, 1 with --smoke;\n"
+                           "groups over 20 s use fewer, never under 3)");
   return cmd;
 }
 

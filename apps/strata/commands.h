@@ -16,6 +16,11 @@ struct InfoOptions {
 CLI::App* add_info(CLI::App& app, InfoOptions& o);
 int run_info(const InfoOptions& o);
 
+// Registers the options every bench shares on cmd: --json FILE (rewritten after every
+// `json_unit`), --csv FILE, --threads and --reps (help text reps_help).
+void add_bench_output_options(CLI::App* cmd, std::string& json, std::string& csv, int& threads, int& reps,
+                              const std::string& json_unit, const std::string& reps_help);
+
 struct BenchAttentionOptions {
   bool quick = false;
   std::string json, csv;  // "" = do not write
@@ -32,7 +37,7 @@ struct BenchMlrOptions {
   bool quick = false, smoke = false;
   std::string json, csv;       // "" = do not write
   int threads = 0;             // 0: default
-  int reps = 0;                // 0: 5 (3 with --quick, 1 with --smoke)
+  int reps = 0;                // 0: 5 (also with --quick; 1 with --smoke)
   int64_t heads = 8;
   int64_t ref_max_seq = 4096;      // largest T for the reference-construction peer
   int64_t ref_bwd_max_seq = 4096;  // and for its autograd backward
