@@ -67,10 +67,10 @@ ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int6
   }
   if (const at::Tensor s = defined_or_empty(a.segment_offsets); s.defined()) {
     r.segment_offsets = int64_list(where, "segment_offsets", s);
-    // The core reads batch + 1 entries through a bare pointer: the length is checked here.
     STRATA_CHECK_ARG(r.segment_offsets.numel() == batch + 1, where, "segment_offsets",
                      cat(batch + 1, " offsets (batch + 1)"), cat(r.segment_offsets.numel(), " offsets"));
     o.segment_offsets = r.segment_offsets.data_ptr<int64_t>();
+    o.num_segment_offsets = r.segment_offsets.numel();
   }
   o.mask_cross_segment = a.mask_cross_segment;
   if (a.scale == "inv_rank")

@@ -23,6 +23,13 @@ MLRAttentionImpl::MLRAttentionImpl(MLRAttentionOptions options_) : options(std::
   for (int64_t r : options.ranks()) sum += r;
   STRATA_CHECK_ARG(sum == head_dim, where, "ranks",
                    cat("r_1 + .. + r_L = head_dim = embed_dim / num_heads = ", head_dim), sum);
+  // The blocks come from the model's context (strata/mlr.h, "Blocks"), never from the length of
+  // one call: otherwise a position's output would depend on how many tokens follow it.
+  STRATA_CHECK_ARG(options.ranks().size() <= 1 || options.context() > 0 || !options.block_sizes().empty(), where,
+                   "context",
+                   "the model's context length (> 0) or block_sizes, so that a position's output does not "
+                   "depend on the sequence's length",
+                   options.context());
   // The remaining level options (counts, ranks >= 1, nested blocks, context, scale) by the rules
   // the kernel applies, once here rather than at the first forward.
   try {

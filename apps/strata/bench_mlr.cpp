@@ -315,7 +315,10 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
 
 // Decode at cache length T with the 8x8 split (see the file comment).
 void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, int reps) {
-  const MlrOptions opt = mlr_opts(split);
+  MlrOptions opt = mlr_opts(split);
+  opt.context = T;  // the model's context (the cache requires it): blocks T / 2^(l-1), as the forwards'
+  STRATA_CHECK(T % (int64_t(1) << (split.ranks.size() - 1)) == 0, "bench mlr: decode length ", T,
+               " is not a multiple of 2^(L-1)");
   at::manual_seed(20250908);
   const std::vector<int64_t> sizes{1, heads, T, kHeadDim};
   const at::Tensor q = at::randn(sizes), k = at::randn(sizes), v = at::randn(sizes);

@@ -14,9 +14,12 @@
 // attend's output for a sequence of length n equals row n-1 of mlr_attention_forward over its n
 // tokens (same options, causal) to fp32 round-off.
 //
-// Blocks: fixed at construction from opt (block_sizes, or the default rule with
-// context = opt.context, or max_seqlen rounded up to a multiple of 2^(L-1) when that is 0:
-// then a full forward over max_seqlen tokens with default options has the same blocks).
+// Blocks: fixed at construction from opt: block_sizes, or the default rule with opt.context (the
+// model's context length). With L >= 2 levels one of the two is required (an error names
+// opt.context otherwise): the forward's default (context = 0: blocks from the call's key length)
+// would give the n tokens held a different geometry at every n. With them, attend after n tokens
+// equals row n-1 of mlr_attention_forward over those n tokens with the same options, for every n
+// (and positions past the context continue the blocks by absolute position, as the forward does).
 // Segments (variable-length level-1 blocks, mlr.h "Blocks"): when opt has segment_starts (one
 // list for every sequence) or segment_offsets (per-sequence lists), the cache is in SEGMENT mode:
 // level 1 is the current segment (its keys are kept up to max_seqlen), level l >= 2 cuts it into

@@ -4,7 +4,7 @@
 //
 // Per (batch, query head) the head dim of q and k is split into L contiguous slices of widths
 // r_1..r_L (sum = head_dim); slice l (q_l, k_l) is level l. Level l partitions positions into
-// contiguous blocks (see "Blocks"), nested: every level-l block lies inside one level-(l-1) block.
+// contiguous blocks (see "Blocks").
 //
 //   S[i, j] = sum over levels l with block_l(p_i) == block_l(j) of  c_l * q_l[i] . k_l[j]
 //   S      *= 1/L                      if divide_by_num_levels
@@ -17,19 +17,29 @@
 // Scale: c_l = 1/r_l (the reference code's, default) or 1/sqrt(head_dim) for every level.
 // A pair that shares no level has score 0 (the formula's empty sum) unless mask_cross_segment.
 //
-// Blocks (by ABSOLUTE position, so any length, prefill and decode follow from one rule):
-//   fixed sizes b_1 > b_2 > ... with b_l dividing b_{l-1}; the level-l blocks are
-//   [n*b_l, (n+1)*b_l). Default: b_l = context / 2^(l-1), context = seqlen_k rounded up to a
-//   multiple of 2^(L-1) (so T = 97 with L = 3 gives blocks 100, 50, 25), or set `context` (a
-//   multiple of 2^(L-1)), or list `block_sizes` explicitly (nested; then context must stay 0).
+// Blocks, by ABSOLUTE position:
+//   fixed sizes b_1, ..., b_L (any b_l >= 1); the level-l blocks are [n*b_l, (n+1)*b_l), each
+//   level on its own. Nested lists (each b_l dividing b_{l-1}) take the fast path (the levels two
+//   positions share are then a prefix 1..m of the head dim); other lists, e.g. 64|16|32 or
+//   96|32|24 (the reference code accepts any sizes dividing its context), take a general path
+//   that adds each level on its own rectangles.
+//   Where the sizes come from: `block_sizes` explicitly (then context must stay 0), or
+//   b_l = context / 2^(l-1) from `context` (a multiple of 2^(L-1)).
+//   DEFAULT (context = 0, no block_sizes): context = THIS CALL's seqlen_k rounded up to a multiple
+//   of 2^(L-1) (T = 97 with L = 3 gives blocks 100, 50, 25), as the reference code does (it
+//   requires T == context). The geometry then depends on the sequence's length: a causal
+//   output row changes when tokens are appended (T = 100 -> 101 moves 100/50/25 to 104/52/26).
+//   A model that runs sequences shorter than its context, prefills or decodes must pass its
+//   context (or block_sizes): the modules (strata/torch/mlr_attention.h, Python MLRAttention)
+//   and MlrKvCache require it for L >= 2. With it, the output at a position never depends on
+//   later tokens, and positions past the context continue the blocks by absolute position.
 //   Segments: `segment_starts` s_1 < s_2 < ... (0 < s < seqlen_k) replace the level-1 blocks by
 //   the variable-length segments [0, s_1), [s_1, s_2), ..., [s_n, inf); a finer level l >= 2 cuts
 //   each segment into blocks of b_l counted from the SEGMENT's start (the last one clipped at the
-//   segment's end). b_1 is then unused; b_l (l >= 2) must still be nested among themselves.
-//   Per sequence: with `segment_offsets`, each sequence of the batch has its own list (packed
-//   documents of different lengths); a sequence with an empty list is one segment. Segments use
-//   the default rule for b_l (l >= 2) with context = seqlen_k rounded as above unless given.
-// With nested blocks the levels two positions share are always 1..m, a prefix of the head dim.
+//   segment's end). b_1 is then unused.
+//   Per sequence: with `segment_offsets` (and num_segment_offsets = batch + 1), each sequence of
+//   the batch has its own list (packed documents of different lengths); a sequence with an empty
+//   list is one segment. Segments take b_l (l >= 2) from block_sizes or context as above.
 //
 // Shapes (layout BSHD; with Layout::BHSD dims 1 and 2 are swapped; any strides):
 //   q    batch x seqlen_q x heads_q  x head_dim          head_dim = r_1 + ... + r_L
@@ -40,15 +50,17 @@
 // q, k, v, o and the gradients are float32 or bfloat16, all one dtype; math is fp32.
 // A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
 //
-// Cost: the kernel visits (64-query x 128-key) tiles; on a tile where every pair shares exactly
-// the levels 1..m it forms scores with a prefix dot product of length R_m = r_1+..+r_m; deeper
-// levels are added only on the rectangles (level-l block x level-l block) that need them. Score
-// FLOPs are 2 * sum over allowed pairs of R_{m(pair)}, i.e. 2 * T^2 * sum_l r_l / 2^(l-1) for
+// Cost: the kernel visits (64-query x 128-key) tiles; on a tile where every pair shares the levels
+// 1..m it forms scores with a prefix dot product of length R_m = r_1+..+r_m; deeper levels are
+// added only on the rectangles (level-l block x level-l block) that need them. Score FLOPs are
+// 2 * sum over allowed pairs of the ranks of the levels they share (R_m with nested blocks),
+// i.e. 2 * T^2 * sum_l r_l / 2^(l-1) for
 // dyadic blocks, non-causal, against 2 * T^2 * head_dim dense (see mlr_attention_flops); P V stays
 // dense (2 * pairs * head_dim_v).
 // Backward: about 2.5x the forward, recomputing P from lse.
-// L = 1 with one block holding every position is dense attention with scale c_1: both passes
-// then run the dense kernel (strata/attention.h), so the numbers are exactly that kernel's.
+// L = 1 with one block holding every key and query (no segments; causal, or seqlen_q <= seqlen_k)
+// is dense attention with scale c_1: both passes then run the dense kernel (strata/attention.h),
+// so the numbers are exactly that kernel's.
 // Threads: parallel over (batch, head, query tile) forward, (batch, kv head, key tile) backward.
 #pragma once
 #include <cstdint>
@@ -76,6 +88,7 @@ struct MlrOptions {
   // sequence b's starts being segment_starts[segment_offsets[b] .. segment_offsets[b+1]) (each
   // list increasing; an empty list = one segment). null: every sequence uses the whole list.
   const int64_t* segment_offsets = nullptr;
+  int64_t num_segment_offsets = 0;        // the length of segment_offsets: batch + 1 when given
   bool mask_cross_segment = false;        // pairs sharing no level: -inf instead of score 0
   MlrScale scale = MlrScale::inv_rank;
   bool divide_by_num_levels = false;      // S *= 1/L           (ref mlr_divide_by_num_levels)

@@ -57,6 +57,8 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   STRATA_CHECK_ARG(opt.window_left >= -1, where, "window_left", ">= 0, or -1 for unbounded", opt.window_left);
   STRATA_CHECK_ARG(opt.window_right >= -1, where, "window_right", ">= 0, or -1 for unbounded", opt.window_right);
   STRATA_CHECK_ARG(opt.num_global >= 0, where, "num_global", ">= 0", opt.num_global);
+  cpu::check_seq_len(where, "q", dq.s);
+  cpu::check_seq_len(where, "k", dk.s);
 
   DenseAttnParams p;
   p.dtype = q.dtype;

@@ -66,8 +66,18 @@ MlrKvCache::MlrKvCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int6
   STRATA_CHECK_ARG(head_dim_v >= 1, where, "head_dim_v", ">= 1", head_dim_v);
   STRATA_CHECK_ARG(max_seqlen >= 1, where, "max_seqlen", ">= 1", max_seqlen);
   int64_t D = 0;
-  for (int l = 0; l < std::clamp(opt.num_levels, 0, MlrOptions::kMaxLevels); ++l) D += opt.ranks[l];
+  bool explicit_blocks = false;
+  for (int l = 0; l < std::clamp(opt.num_levels, 0, MlrOptions::kMaxLevels); ++l) {
+    D += opt.ranks[l];
+    explicit_blocks |= opt.block_sizes[l] != 0;
+  }
   const cpu::MlrLevels lv = cpu::resolve_mlr_levels(where, opt, D, max_seqlen, batch);
+  // The default rule derives blocks from the key length of a call: a cache holding n tokens
+  // would then disagree with the forward over those n tokens. Decoding needs the model's blocks.
+  STRATA_CHECK_ARG(opt.num_levels <= 1 || opt.context > 0 || explicit_blocks, where, "opt.context",
+                   "the model's context length (> 0) or explicit block_sizes (the blocks the model was run "
+                   "with: decoding must use the same ones)",
+                   opt.context);
   segmented_ = lv.block[0] == 0;
   // Copy the segment lists (the options' pointers are the caller's).
   seg_list_.resize(size_t(batch));

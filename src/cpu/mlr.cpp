@@ -24,7 +24,6 @@ using cpu::dims_str;
 using cpu::layout_str;
 using cpu::strided;
 
-constexpr int64_t kMaxSeq = int64_t(1) << 24;  // positions are exact in the kernel's fp32 lanes
 
 
 std::string indexed(const char* name, int i) { return detail::cat(name, "[", i, "]"); }
@@ -55,8 +54,8 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
                    lse.shape_str());
   STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
   STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
-  STRATA_CHECK_ARG(dq.s < kMaxSeq, where, "q", detail::cat("seq < ", kMaxSeq), dq.s);
-  STRATA_CHECK_ARG(dk.s < kMaxSeq, where, "k", detail::cat("seq < ", kMaxSeq), dk.s);
+  cpu::check_seq_len(where, "q", dq.s);
+  cpu::check_seq_len(where, "k", dk.s);
 
   MlrParams p;
   p.lv = cpu::resolve_mlr_levels(where, opt, dq.d, dk.s, dq.b);
@@ -148,13 +147,11 @@ MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, 
       STRATA_CHECK_ARG(o.block_sizes[l] >= 1, where, arg.c_str(),
                        detail::cat("a block size >= 1 (levels ", first + 1, "..", L, " all need one)"),
                        o.block_sizes[l]);
-      if (l > first)
-        STRATA_CHECK_ARG(o.block_sizes[l - 1] % o.block_sizes[l] == 0, where, arg.c_str(),
-                         detail::cat("a divisor of block_sizes[", l - 1, "] = ", o.block_sizes[l - 1],
-                                     " (nested blocks)"),
-                         o.block_sizes[l]);
       lv.block[l] = o.block_sizes[l];
     }
+    // Any sizes are valid (each level is a partition on its own); nested ones take the fast path.
+    for (int l = first + 1; l < L; ++l)
+      lv.nested = lv.nested && lv.block[l - 1] % lv.block[l] == 0;
   } else {
     const int64_t pow = int64_t(1) << (L - 1);
     STRATA_CHECK_ARG(o.context >= 0, where, "context", ">= 0 (0 = seqlen_k rounded up)", o.context);
@@ -168,6 +165,10 @@ MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, 
     STRATA_CHECK_ARG(o.segment_starts != nullptr || o.num_segment_starts == 0, where, "segment_starts",
                      detail::cat("a pointer to ", o.num_segment_starts, " positions"), "null");
     // One list per sequence [lo, hi) of segment_starts (or the whole list for every sequence).
+    if (o.segment_offsets != nullptr)
+      STRATA_CHECK_ARG(o.num_segment_offsets == batch + 1, where, "num_segment_offsets",
+                       detail::cat("batch + 1 = ", batch + 1, " (the length of segment_offsets)"),
+                       o.num_segment_offsets);
     const int64_t nb = o.segment_offsets != nullptr ? batch : 1;
     for (int64_t b = 0; b < nb; ++b) {
       int64_t lo = 0, hi = o.num_segment_starts;
@@ -209,12 +210,16 @@ MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& o, int64_t D, 
 
 namespace {
 
-// One level whose single block holds every position: every pair shares level 1, so the scores
-// are c_1 q.k and MLR attention IS dense attention with scale c_1 (level_average and
-// mask_cross_segment change nothing). Then the dense kernel runs, so that L = 1 gives the same
-// numbers as strata::attention_forward / backward, bit for bit.
+// One level whose single block holds every key and every query: every pair shares level 1, so
+// the scores are c_1 q.k and MLR attention IS dense attention with scale c_1 (level_average
+// divides by m = 1; mask_cross_segment masks nothing). Then the dense kernel runs, so that L = 1
+// gives the same numbers as strata::attention_forward / backward, bit for bit. Not when queries
+// sit at negative positions (seqlen_q > seqlen_k, not causal): those share no block with any key
+// (score 0, or an empty row under mask_cross_segment), where dense attention would score q.k.
 bool is_dense(const MlrParams& p) {
-  return p.lv.num_levels == 1 && p.lv.block[0] >= p.seqlen_k && p.lv.seg == nullptr && p.lv.seg_offsets == nullptr;
+  const bool queries_inside = p.causal || p.seqlen_q <= p.seqlen_k;
+  return p.lv.num_levels == 1 && p.lv.block[0] >= p.seqlen_k && p.lv.seg == nullptr &&
+         p.lv.seg_offsets == nullptr && queries_inside;
 }
 AttentionOptions dense_options(const MlrParams& p, const MlrOptions& opt) {
   AttentionOptions a;
@@ -226,16 +231,19 @@ AttentionOptions dense_options(const MlrParams& p, const MlrOptions& opt) {
 
 }  // namespace
 
-void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                           const TensorView& lse, const MlrOptions& opt) {
+namespace {
+
+// The public entry points' bodies; `shortcut`: take the dense kernel where it is exact.
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+             const MlrOptions& opt, bool shortcut) {
   const MlrParams p = make_params("mlr_attention_forward", q, k, v, o, lse, opt);
-  if (is_dense(p)) return attention_forward(q, k, v, o, lse, dense_options(p, opt));
+  if (shortcut && is_dense(p)) return attention_forward(q, k, v, o, lse, dense_options(p, opt));
   run_forward(p);
 }
 
-void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                            const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                            const TensorView& dk, const TensorView& dv, const MlrOptions& opt) {
+void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+              const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const MlrOptions& opt, bool shortcut) {
   const char* where = "mlr_attention_backward";
   MlrParams p = make_params(where, q, k, v, o, lse, opt);
   const Layout L = opt.layout;
@@ -251,9 +259,38 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
-  if (is_dense(p)) return attention_backward(q, k, v, o, lse, dout, dq, dk, dv, dense_options(p, opt));
+  if (shortcut && is_dense(p)) return attention_backward(q, k, v, o, lse, dout, dq, dk, dv, dense_options(p, opt));
   run_backward(p);
 }
+
+}  // namespace
+
+void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                           const TensorView& lse, const MlrOptions& opt) {
+  forward(q, k, v, o, lse, opt, true);
+}
+
+void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                            const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                            const TensorView& dk, const TensorView& dv, const MlrOptions& opt) {
+  backward(q, k, v, o, lse, dout, dq, dk, dv, opt, true);
+}
+
+namespace cpu {
+
+void mlr_attention_forward_kernel(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                  const TensorView& lse, const MlrOptions& opt) {
+  forward(q, k, v, o, lse, opt, false);
+}
+
+void mlr_attention_backward_kernel(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& o, const TensorView& lse, const TensorView& dout,
+                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                   const MlrOptions& opt) {
+  backward(q, k, v, o, lse, dout, dq, dk, dv, opt, false);
+}
+
+}  // namespace cpu
 
 MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k,
                              int64_t head_dim_v, const MlrOptions& opt) {
@@ -275,15 +312,19 @@ MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, i
       const int64_t pos = seqlen_k - seqlen_q + i;
       const int64_t hi = opt.causal ? std::min(pos, seqlen_k - 1) : seqlen_k - 1;  // keys [0, hi]
       if (hi < 0) continue;
-      double row_pairs = double(hi + 1);
+      // The blocks holding pos all contain it, so the keys sharing some level are their union
+      // [min start, max end): allowed pairs under mask_cross_segment.
+      int64_t any_lo = MlrLevels::kFar, any_hi = -MlrLevels::kFar;
+      auto keys_in = [&](int64_t lo, int64_t end) {  // |[lo, end) ∩ [0, hi]|
+        return double(std::max<int64_t>(0, std::min(end - 1, hi) - std::max<int64_t>(lo, 0) + 1));
+      };
       for (int l = 1; l <= lv.num_levels; ++l) {
         const MlrLevels::Block blk = lv.at(l, pos);
-        const double n =
-            double(std::max<int64_t>(0, std::min(blk.end - 1, hi) - std::max<int64_t>(blk.start, 0) + 1));
-        if (l == 1 && opt.mask_cross_segment) row_pairs = n;
-        prefix_sum += weight * n * double(lv.rank[l - 1]);
+        any_lo = std::min(any_lo, blk.start);
+        any_hi = std::max(any_hi, blk.end);
+        prefix_sum += weight * keys_in(blk.start, blk.end) * double(lv.rank[l - 1]);
       }
-      pairs += weight * row_pairs;
+      pairs += weight * (opt.mask_cross_segment ? keys_in(any_lo, any_hi) : double(hi + 1));
     }
   }
   const double bh = double(heads_q);  // batch is in the sums

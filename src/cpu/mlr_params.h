@@ -15,14 +15,18 @@ namespace strata::cpu {
 
 constexpr int kMlrMaxLevels = 16;
 
-// Level geometry: top-level (level-1) blocks are the segments, or fixed blocks of block[0];
-// level l >= 2 cuts its top-level block into blocks of block[l-1] counted from the top block's
-// start, the last one clipped at its end. Positions below 0 form one top block (-inf, 0).
+// Level geometry. Fixed mode (block[0] > 0): the level-l blocks are [n*b_l, (n+1)*b_l) by absolute
+// position, each level on its own. Segment mode (block[0] == 0): level 1's blocks are the
+// segments; level l >= 2 cuts its segment into blocks of block[l-1] counted from the segment's
+// start, the last one clipped at its end. Positions below 0 form one segment (-inf, 0).
+// `nested`: every level-l block lies inside one level-(l-1) block (each b_l divides b_{l-1}; in
+// segment mode from level 3 on), so the levels two positions share are a prefix 1..m.
 struct MlrLevels {
   int num_levels = 0;                   // L
   int64_t rank[kMlrMaxLevels] = {};     // r_l
   int64_t rank_end[kMlrMaxLevels] = {}; // R_l = r_1 + .. + r_l  (slice l = [R_l - r_l, R_l))
   int64_t block[kMlrMaxLevels] = {};    // b_l; block[0] = 0 when segments define level 1
+  bool nested = true;
   const int64_t* seg = nullptr;         // segment starts, strictly increasing, in (0, seqlen_k)
   int64_t num_seg = 0;
   const int64_t* seg_offsets = nullptr; // per-sequence lists: batch + 1 offsets into seg (or null)
@@ -45,26 +49,27 @@ struct MlrLevels {
 
   static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-  // The level-1 block containing position x.
-  Block top(int64_t x) const {
-    if (block[0] > 0) {
-      const int64_t s = floor_div(x, block[0]) * block[0];
-      return {s, s + block[0]};
-    }
+  // The segment (segment mode) containing position x.
+  Block segment(int64_t x) const {
     if (x < 0) return {-kFar, 0};
     const int64_t n = std::upper_bound(seg, seg + num_seg, x) - seg;  // segments starting <= x
     return {n == 0 ? 0 : seg[n - 1], n < num_seg ? seg[n] : kFar};
   }
   // The level-l block (l = 1..L) containing position x.
   Block at(int l, int64_t x) const {
-    const Block t = top(x);
-    if (l == 1) return t;
     const int64_t b = block[l - 1];
+    if (block[0] > 0) {  // fixed mode: absolute blocks
+      const int64_t s = floor_div(x, b) * b;
+      return {s, s + b};
+    }
+    const Block t = segment(x);
+    if (l == 1) return t;
     const int64_t s = t.start + floor_div(x - t.start, b) * b;
     return {s, std::min(s + b, t.end)};
   }
-  // Number of levels shared by EVERY pair of positions in [lo, hi] (lo <= hi): the blocks are
-  // contiguous and nested, so this is the deepest level whose block holds both ends.
+  // Number of leading levels 1..m shared by EVERY pair of positions in [lo, hi] (lo <= hi): the
+  // blocks are contiguous, so a level is shared by all such pairs iff its block holds both ends.
+  // (Nested blocks: exactly the levels every pair shares; otherwise deeper levels may be too.)
   int shared(int64_t lo, int64_t hi) const {
     int m = 0;
     while (m < num_levels && at(m + 1, lo).end > hi) ++m;
@@ -95,9 +100,18 @@ struct MlrParams {
 MlrLevels resolve_mlr_levels(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k,
                              int64_t batch);
 
+// mlr_attention_forward / _backward (strata/mlr.h) that always run the MLR kernel body, never the
+// dense shortcut of L = 1 (tests compare that body with the references on one-level cases too).
+void mlr_attention_forward_kernel(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                  const TensorView& lse, const MlrOptions& opt);
+void mlr_attention_backward_kernel(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& o, const TensorView& lse, const TensorView& dout,
+                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                   const MlrOptions& opt);
+
 // One decode step of one (sequence, query head) over the MlrKvCache (src/cpu/mlr_decode.inc):
-// the query at position t meets level l's keys at positions [start[l], t] (start non-decreasing in
-// l), stored transposed: keys[l][c * cap[l] + (j - start[l])] = k_l[j][c]; V rows j = 0..t.
+// the query at position t meets level l's keys at positions [start[l], t] (any order of the
+// starts: non-nested blocks), stored transposed: keys[l][c * cap[l] + (j - start[l])] = k_l[j][c]; V rows j = 0..t.
 struct MlrDecodeRow {
   int num_levels = 0;
   const float* q = nullptr;              // head_dim, fp32

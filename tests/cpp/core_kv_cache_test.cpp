@@ -78,6 +78,7 @@ void run_decode(const DecodeCase& dc, const std::vector<int64_t>& total, const s
       if (mine.empty()) {  // one segment: per-sequence form with an empty list
         static const int64_t kEmpty[2] = {0, 0};
         fo.segment_offsets = kEmpty;
+        fo.num_segment_offsets = 2;
       }
     }
     mlr_attention_forward(s.q.view, s.k.view, s.v.view, s.o.view, TensorView(s.lse.data(), DType::f32, {1, Hq, T}),
@@ -87,6 +88,7 @@ void run_decode(const DecodeCase& dc, const std::vector<int64_t>& total, const s
     opt.segment_starts = seg_flat.data();
     opt.num_segment_starts = int64_t(seg_flat.size());
     opt.segment_offsets = seg_off.data();
+    opt.num_segment_offsets = int64_t(seg_off.size());
   }
   MlrKvCache cache(B, Hkv, Dv, max_seqlen, opt);
   seg_flat.assign(seg_flat.size(), -7);  // the cache copied the lists
@@ -233,17 +235,103 @@ TEST(MlrKvCache, NonCausalOptionsDecodeAsTheLastRow) {
   run_decode(c, total, prompt, 100);
 }
 
-TEST(MlrKvCache, DefaultContextComesFromMaxSeqlen) {
-  // With context 0 the cache takes max_seqlen (100 -> 104 for 4 levels), as a full forward over
-  // max_seqlen tokens does: a sequence that fills the cache decodes to that forward's rows.
-  DecodeCase dc{"default context", mlr_options({8, 4, 2, 2})};
-  run_decode(dc, {100}, {10}, 100);
+TEST(MlrKvCache, NonNestedBlocksDecodeAsTheForward) {
+  // Block lists that are not nested (each level on its own): the starts of the levels' current
+  // blocks come in any order, and the level count of a key is read off their sorted order.
+  DecodeCase c{"non-nested 48|20|32|6", base_options()};
+  c.opt.context = 0;
+  c.opt.block_sizes[0] = 48;
+  c.opt.block_sizes[1] = 20;
+  c.opt.block_sizes[2] = 32;
+  c.opt.block_sizes[3] = 6;
+  c.opt.level_average = true;
+  run_decode(c, {150, 97, 40}, {5, 33, 1}, 160);
+  c.name = "non-nested, mask across, segments";
+  c.opt.mask_cross_segment = true;
+  c.segments = {{3, 40, 100}, {}, {20}};
+  run_decode(c, {150, 97, 40}, {5, 33, 1}, 160);
+}
+
+// Attend after n tokens vs the last row of mlr_attention_forward over exactly those n tokens,
+// same options, for every n <= max_seqlen (not only rows of one forward over the whole sequence).
+void expect_decode_equals_prefix_forward(const MlrOptions& opt, int64_t max_seqlen) {
+  const int64_t H = 2, Dv = 8;
+  int64_t D = 0;
+  for (int l = 0; l < opt.num_levels; ++l) D += opt.ranks[l];
+  std::mt19937 rng(23);
+  Owned4 q(1, max_seqlen, H, D, DType::f32, Layout::BSHD), k = q, v(1, max_seqlen, H, Dv, DType::f32, Layout::BSHD);
+  k.view.data = k.buf.data();
+  q.fill_random(rng, -2, 2);
+  k.fill_random(rng, -2, 2);
+  v.fill_random(rng);
+  MlrKvCache cache(1, H, Dv, max_seqlen, opt);
+  for (int64_t n = 1; n <= max_seqlen; ++n) {
+    auto rows = [](const Owned4& t, int64_t from, int64_t count) {  // a view of rows [from, from + count)
+      TensorView x = t.view;
+      x.data = static_cast<float*>(x.data) + from * x.stride[1];
+      x.shape[1] = count;
+      return x;
+    };
+    const int64_t one = 1;
+    cache.append(rows(k, n - 1, 1), rows(v, n - 1, 1), &one);
+    std::vector<float> od(static_cast<size_t>(H * Dv)), ld(static_cast<size_t>(H));
+    cache.attend(rows(q, n - 1, 1), TensorView(od.data(), DType::f32, {1, 1, H, Dv}),
+                 TensorView(ld.data(), DType::f32, {1, H, 1}));
+    Owned4 of(1, n, H, Dv, DType::f32, Layout::BSHD);
+    std::vector<float> lf(size_t(H * n));
+    mlr_attention_forward(rows(q, 0, n), rows(k, 0, n), rows(v, 0, n), of.view,
+                          TensorView(lf.data(), DType::f32, {1, H, n}), opt);
+    double err = 0, mx = 1e-6;
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t c = 0; c < Dv; ++c) {
+        const double want = of.at(0, n - 1, h, c, Layout::BSHD);
+        err = std::max(err, std::fabs(od[size_t(h * Dv + c)] - want));
+        mx = std::max(mx, std::fabs(want));
+      }
+      EXPECT_NEAR(ld[size_t(h)], lf[size_t(h * n + n - 1)], 1e-5 * std::max(1.f, std::fabs(lf[size_t(h * n + n - 1)])))
+          << "n = " << n;
+    }
+    EXPECT_LE(err / mx, 2e-5) << "n = " << n;
+  }
+}
+
+TEST(MlrKvCache, DecodeEqualsTheForwardOverThePrefixAtEveryLength) {
+  MlrOptions o = base_options();  // context 64: blocks 64/32/16/8; 100 tokens cross the context
+  expect_decode_equals_prefix_forward(o, 100);
+  o.level_average = true;
+  o.mask_cross_segment = true;
+  expect_decode_equals_prefix_forward(o, 100);
+  MlrOptions nn = mlr_options({6, 5, 5});  // not nested
+  nn.block_sizes[0] = 64;
+  nn.block_sizes[1] = 16;
+  nn.block_sizes[2] = 24;
+  nn.level_average = true;
+  expect_decode_equals_prefix_forward(nn, 90);
+}
+
+TEST(MlrKvCache, RequiresTheModelsBlocks) {
+  // With the forward's default (context 0: blocks from each call's length) the n tokens held
+  // would have a different geometry at every n: the cache asks for the model's context instead.
+  try {
+    MlrKvCache c(1, 1, 4, 100, mlr_options({8, 4, 2, 2}));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'opt.context'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("context length"), std::string::npos) << e.what();
+  }
+  // One level: one block holding every position whatever its size (dense), nothing to fix.
+  EXPECT_NO_THROW(MlrKvCache(1, 1, 4, 100, mlr_options({16})));
+  MlrOptions blocks = mlr_options({8, 8});
+  blocks.block_sizes[0] = 32;
+  blocks.block_sizes[1] = 8;
+  EXPECT_NO_THROW(MlrKvCache(1, 1, 4, 100, blocks));
 }
 
 TEST(MlrKvCache, MemoryKeepsOnlyTheCurrentBlocks) {
   // 8 levels of 8, dyadic over a 4096 context: keys 4096 * 15.94 per head instead of 4096 * 64.
   MlrOptions o = mlr_options({8, 8, 8, 8, 8, 8, 8, 8});
   const int64_t B = 2, Hkv = 3, Dv = 64, T = 4096;
+  o.context = T;
   MlrKvCache cache(B, Hkv, Dv, T, o);
   int64_t per_head = 0;
   for (int l = 0; l < 8; ++l) per_head += (T >> l) * 8;
@@ -253,12 +341,14 @@ TEST(MlrKvCache, MemoryKeepsOnlyTheCurrentBlocks) {
   EXPECT_NEAR(double(cache.dense_key_bytes()) / double(cache.key_bytes()), 64 / 15.9375, 1e-12);
   EXPECT_EQ(cache.memory_bytes(), cache.key_bytes() + cache.value_bytes());
   // blocks larger than the cache are capped at max_seqlen slots
+  o.context = 128;
   MlrKvCache small(1, 1, 4, 10, o);
   EXPECT_EQ(small.key_bytes(), (10 + 10 + 10 + 10 + 8 + 4 + 2 + 1) * 8 * 4);  // blocks 128..1, capped at 10
 }
 
 TEST(MlrKvCache, BadInput) {
   MlrOptions o = mlr_options({4, 4});
+  o.context = 16;
   auto expect_error = [](auto fn, const std::vector<std::string>& needles) {
     try {
       fn();
@@ -274,6 +364,7 @@ TEST(MlrKvCache, BadInput) {
   seg.num_segment_starts = 2;
   expect_error([&] { MlrKvCache c(1, 1, 4, 16, seg); }, {"'segment_starts[1]'", "increasing"});
   seg.segment_offsets = offs;
+  seg.num_segment_offsets = 2;
   expect_error([&] { MlrKvCache c(1, 1, 4, 16, seg); }, {"'segment_starts[1]'", "increasing"});
   expect_error([&] { MlrKvCache(1, 1, 4, 16, o).begin_segment(0); }, {"'this cache'", "segment mode"});
   MlrOptions zero = mlr_options({4, 0});

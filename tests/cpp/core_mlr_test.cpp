@@ -30,6 +30,7 @@
 #include "strata/cpu.h"
 #include "strata/mlr.h"
 #include "strata/threading.h"
+#include "cpu/mlr_params.h"  // mlr_attention_*_kernel: the kernel body without the L = 1 shortcut
 #include "test_util.h"
 
 namespace strata {
@@ -78,6 +79,7 @@ struct Case {
     o.segment_starts = segs.empty() ? nullptr : segs.data();
     o.num_segment_starts = int64_t(segs.size());
     o.segment_offsets = seg_offsets.empty() ? nullptr : seg_offsets.data();
+    o.num_segment_offsets = int64_t(seg_offsets.size());
     o.mask_cross_segment = mask_cross;
     o.scale = scale;
     o.divide_by_num_levels = div;
@@ -94,20 +96,6 @@ std::vector<Isa> isas_to_test(const Case& c) {
   return test::isas_to_test(double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B, 1.5e6);
 }
 using test::restore_best_isa;
-
-// max |a - b| / max(max |b|, floor) over two double vectors (non-finite entries must match).
-double vec_rel_err(const std::vector<double>& a, const std::vector<double>& b, double floor = 1e-6) {
-  double num = 0, den = floor;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    num = std::max(num, std::fabs(a[i] - b[i]));
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return num / den;
-}
 
 struct RefResult {
   std::vector<double> o, lse, dq, dk, dv;
@@ -149,24 +137,30 @@ void run_case(const Case& c) {
 
   const RefResult ra = run_reference(c, q, k, v, g, false), rb = run_reference(c, q, k, v, g, true);
   {  // the two references pin the same semantics
-    EXPECT_LE(vec_rel_err(rb.o, ra.o), 1e-11) << "references disagree: o";
-    EXPECT_LE(vec_rel_err(rb.lse, ra.lse, 1.0), 1e-11) << "references disagree: lse";
+    EXPECT_LE(test::rel_err(rb.o, ra.o), 1e-11) << "references disagree: o";
+    EXPECT_LE(test::rel_err(rb.lse, ra.lse, 1.0), 1e-11) << "references disagree: lse";
     if (c.grads) {
-      EXPECT_LE(vec_rel_err(rb.dq, ra.dq, 1e-2), 1e-11) << "references disagree: dq";
-      EXPECT_LE(vec_rel_err(rb.dk, ra.dk, 1e-2), 1e-11) << "references disagree: dk";
-      EXPECT_LE(vec_rel_err(rb.dv, ra.dv, 1e-2), 1e-11) << "references disagree: dv";
+      EXPECT_LE(test::rel_err(rb.dq, ra.dq, 1e-2), 1e-11) << "references disagree: dq";
+      EXPECT_LE(test::rel_err(rb.dk, ra.dk, 1e-2), 1e-11) << "references disagree: dk";
+      EXPECT_LE(test::rel_err(rb.dv, ra.dv, 1e-2), 1e-11) << "references disagree: dv";
     }
   }
   const bool bf = c.dtype == DType::bf16;
   const double tol_f = bf ? 1e-2 : 2e-5, tol_b = bf ? 2e-2 : 1e-4;
 
+  // One-level cases run twice: the public entry (which may take the dense shortcut) and the MLR
+  // kernel body itself, so both are held to the MLR references.
+  const std::vector<bool> bodies = c.ranks.size() == 1 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  for (bool kernel_body : bodies)
   for (Isa isa : isas_to_test(c)) {
-    SCOPED_TRACE(isa_name(isa));
+    SCOPED_TRACE(detail::cat(isa_name(isa), kernel_body ? " (MLR kernel body)" : ""));
     set_isa(isa);
+    auto fwd = kernel_body ? cpu::mlr_attention_forward_kernel : mlr_attention_forward;
+    auto bwd = kernel_body ? cpu::mlr_attention_backward_kernel : mlr_attention_backward;
     Owned4 o(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L, c.gap);
     std::vector<float> lse(size_t(c.B * c.Hq * c.Nq), 123.f);
     TensorView lv(lse.data(), DType::f32, {c.B, c.Hq, c.Nq});
-    mlr_attention_forward(q.view, k.view, v.view, o.view, lv, opt);
+    fwd(q.view, k.view, v.view, o.view, lv, opt);
     EXPECT_LE(test::rel_err(o, L, ra.o, c.B, c.Nq, c.Hq, c.Dv), tol_f) << "vs the per-pair reference";
     EXPECT_LE(test::rel_err(o, L, rb.o, c.B, c.Nq, c.Hq, c.Dv), tol_f) << "vs the block-diagonal reference";
     double lerr = 0;
@@ -181,7 +175,7 @@ void run_case(const Case& c) {
     if (!c.grads) continue;
     Owned4 dq(c.B, c.Nq, c.Hq, D, c.dtype, L, c.gap), dk(c.B, c.Nk, c.Hkv, D, c.dtype, L, c.gap);
     Owned4 dv(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap);
-    mlr_attention_backward(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
+    bwd(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
     EXPECT_LE(test::rel_err(dq, L, ra.dq, c.B, c.Nq, c.Hq, D, 1e-2), tol_b) << "dq";
     EXPECT_LE(test::rel_err(dk, L, ra.dk, c.B, c.Nk, c.Hkv, D, 1e-2), tol_b) << "dk";
     EXPECT_LE(test::rel_err(dv, L, ra.dv, c.B, c.Nk, c.Hkv, c.Dv, 1e-2), tol_b) << "dv";
@@ -284,6 +278,49 @@ std::vector<Case> block_cases() {  // custom block lists, context, segments
     c.ranks = {5, 5, 3, 3};
     v.push_back(c);
   }
+  // Block lists that are not nested (each level a partition on its own, as the reference code
+  // allows): the general path, where the levels a pair shares are not a prefix.
+  for (bool causal : {false, true})
+    for (const std::vector<int64_t>& bl : {std::vector<int64_t>{64, 16, 32}, {96, 32, 24}, {48, 64, 20}}) {
+      Case c = base();
+      c.Nq = c.Nk = 192 + 11;  // past the context of 192: blocks continue by absolute position
+      c.ranks = {6, 5, 5};
+      c.causal = causal;
+      c.blocks = bl;
+      v.push_back(c);
+      c.avg = true;
+      c.mask_cross = bl[0] == 48;  // 48|64: pairs sharing level 2 only, or no level
+      v.push_back(c);
+      c.Nq = 40;  // decode-like
+      c.div = true;
+      v.push_back(c);
+    }
+  for (bool causal : {false, true}) {  // segments with finer levels that are not nested
+    Case c = base();
+    c.Nq = c.Nk = 160;
+    c.causal = causal;
+    c.segs = {30, 100};
+    c.blocks = {0, 24, 16, 6};
+    c.avg = causal;
+    c.mask_cross = !causal;
+    v.push_back(c);
+  }
+  // One level with more queries than keys, not causal: the queries at negative positions share
+  // no block with any key (score 0, or an empty row under mask_cross_segment), so no dense shortcut.
+  for (bool mask : {false, true})
+    for (bool causal : {false, true}) {
+      Case c = base();
+      c.Nq = 12;
+      c.Nk = 5;
+      c.ranks = {8};
+      c.causal = causal;
+      c.mask_cross = mask;
+      v.push_back(c);
+      c.Nq = 130;  // more than one query tile at negative positions
+      c.Nk = 70;
+      c.avg = true;
+      v.push_back(c);
+    }
   for (bool mask : {false, true})
     for (bool causal : {false, true}) {
       Case c = base();
@@ -406,10 +443,11 @@ INSTANTIATE_TEST_SUITE_P(Scales, MlrSweep, ::testing::ValuesIn(scale_cases()), c
 INSTANTIATE_TEST_SUITE_P(Shapes, MlrSweep, ::testing::ValuesIn(shape_cases()), case_name);
 
 // ---- L = 1 is dense attention ------------------------------------------------------------------
-// With one level whose block holds every position, mlr_attention_* runs the dense kernel with
-// scale c_1: the same numbers, bit for bit (issue 3). With a level-1 block shorter than the
-// sequence (pairs across blocks score 0, not -inf) the MLR kernel runs; the reference sweep
-// covers that case.
+// With one level whose block holds every key and query, mlr_attention_* runs the dense kernel
+// with scale c_1: the same numbers, bit for bit. That this shortcut is RIGHT is the sweep's job:
+// its one-level cases compare both the public entry and the MLR kernel body
+// (cpu::mlr_attention_*_kernel) with the MLR double references, including the shapes where the
+// shortcut must not be taken (queries at negative positions, blocks shorter than the sequence).
 
 TEST(Mlr, OneLevelEqualsDenseAttention) {
   // One thread: the dense backward adds dQ from several key tiles under locks, so with more
@@ -491,6 +529,7 @@ TEST(Mlr, PerSequenceSegmentsEqualEachSequenceAlone) {
   o.segment_starts = segs.data();
   o.num_segment_starts = 4;
   o.segment_offsets = offs;
+  o.num_segment_offsets = 4;
   std::mt19937 rng(5);
   Owned4 q(B, N, H, 16, DType::f32, Layout::BSHD), k(B, N, H, 16, DType::f32, Layout::BSHD);
   Owned4 v(B, N, H, Dv, DType::f32, Layout::BSHD), out(B, N, H, Dv, DType::f32, Layout::BSHD);
@@ -514,6 +553,7 @@ TEST(Mlr, PerSequenceSegmentsEqualEachSequenceAlone) {
     if (ob.num_segment_starts == 0) {
       static const int64_t kEmpty[2] = {0, 0};  // one segment, still in segment mode
       ob.segment_offsets = kEmpty;
+      ob.num_segment_offsets = 2;
     }
     Owned4 ob_out(1, N, H, Dv, DType::f32, Layout::BSHD);
     std::vector<float> lb(size_t(H * N));
@@ -556,6 +596,61 @@ TEST(Mlr, DefaultBlocksAreContextOverPowersOfTwo) {
   EXPECT_EQ(a, forward_f32(q, k, v, ctx));
   EXPECT_EQ(a, forward_f32(q, k, v, expl));
   EXPECT_NE(a, forward_f32(q, k, v, other));
+}
+
+// With the model's blocks fixed (context or block_sizes), a causal output row never depends on
+// later tokens: the forward over n tokens equals the first n rows of the forward over n + m.
+// (The default, context = 0, takes the blocks from each call's length and does not have this
+// property: mlr.h says so.) The two calls tile the queries alike but may add a deeper level's
+// rectangle in another order on the boundary tile: fp32 round-off, 2e-6 normwise.
+TEST(Mlr, CausalRowsDoNotDependOnLaterTokens) {
+  std::vector<MlrOptions> opts;
+  MlrOptions o = mlr_options({4, 4, 4});
+  o.context = 100;  // the issue's example: blocks 100/50/25 whatever the length
+  opts.push_back(o);
+  o = mlr_options({8, 4, 2, 2});
+  o.context = 64;
+  o.level_average = true;
+  opts.push_back(o);
+  o = mlr_options({6, 5, 5});  // not nested
+  o.block_sizes[0] = 96;
+  o.block_sizes[1] = 32;
+  o.block_sizes[2] = 24;
+  o.mask_cross_segment = true;
+  opts.push_back(o);
+  const int64_t H = 2, Dv = 8;
+  std::mt19937 rng(31);
+  for (size_t i = 0; i < opts.size(); ++i)
+    for (auto [n, m] : {std::pair<int64_t, int64_t>{25, 76}, {100, 1}, {64, 65}, {101, 200}, {1, 130}}) {
+      SCOPED_TRACE(detail::cat("options ", i, ", n = ", n, ", m = ", m));
+      int64_t D = 0;
+      for (int l = 0; l < opts[i].num_levels; ++l) D += opts[i].ranks[l];
+      Owned4 q(1, n + m, H, D, DType::f32, Layout::BSHD), k = q, v(1, n + m, H, Dv, DType::f32, Layout::BSHD);
+      k.view.data = k.buf.data();
+      q.fill_random(rng, -2, 2);
+      k.fill_random(rng, -2, 2);
+      v.fill_random(rng);
+      auto prefix = [&](const Owned4& t) {
+        TensorView x = t.view;
+        x.shape[1] = n;
+        return x;
+      };
+      Owned4 of(1, n + m, H, Dv, DType::f32, Layout::BSHD), op(1, n, H, Dv, DType::f32, Layout::BSHD);
+      std::vector<float> lf(size_t(H * (n + m))), lp(size_t(H * n));
+      mlr_attention_forward(q.view, k.view, v.view, of.view, TensorView(lf.data(), DType::f32, {1, H, n + m}), opts[i]);
+      mlr_attention_forward(prefix(q), prefix(k), prefix(v), op.view, TensorView(lp.data(), DType::f32, {1, H, n}),
+                            opts[i]);
+      double err = 0, mx = 1e-6;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t c = 0; c < Dv; ++c) {
+            err = std::max(err, std::fabs(op.at(0, t, h, c, Layout::BSHD) - of.at(0, t, h, c, Layout::BSHD)));
+            mx = std::max(mx, std::fabs(of.at(0, t, h, c, Layout::BSHD)));
+          }
+          ASSERT_NEAR(lp[size_t(h * n + t)], lf[size_t(h * (n + m) + t)], 1e-5) << "lse row " << t;
+        }
+      EXPECT_LE(err / mx, 2e-6);
+    }
 }
 
 // ---- finite differences against the double references' analytic gradients ------------------------
@@ -695,7 +790,7 @@ TEST(Mlr, GrowingLogitsAcrossKeyTilesMatchReference) {
       set_isa(isa);
       const std::vector<float> got = forward_f32(q, k, v, opt);
       std::vector<double> o(got.begin(), got.begin() + N * D), lse(got.begin() + N * D, got.end());
-      EXPECT_LE(vec_rel_err(o, ro), 2e-5);
+      EXPECT_LE(test::rel_err(o, ro), 2e-5);
       test::expect_lse_near(lse, rl);
     }
     test::restore_best_isa();
@@ -785,11 +880,17 @@ TEST_F(MlrBadInput, RankBeyondNumLevels) {
   opt.num_levels = 2;
   expect_error({"'ranks[2]'", "beyond num_levels"});
 }
-TEST_F(MlrBadInput, NonNestedBlockSizes) {
+TEST_F(MlrBadInput, NonNestedBlockSizesAreValid) {  // as in the reference code (the sweep checks the values)
   opt.block_sizes[0] = 8;
   opt.block_sizes[1] = 4;
   opt.block_sizes[2] = 3;
-  expect_error({"'block_sizes[2]'", "divisor of block_sizes[1] = 4", "got 3"});
+  EXPECT_NO_THROW(mlr_attention_forward(q, k, v, o, lv, opt));
+}
+TEST_F(MlrBadInput, ZeroBlockSize) {
+  opt.block_sizes[0] = 8;
+  opt.block_sizes[1] = -4;
+  opt.block_sizes[2] = 2;
+  expect_error({"'block_sizes[1]'", ">= 1", "got -4"});
 }
 TEST_F(MlrBadInput, MissingBlockSize) {
   opt.block_sizes[0] = 8;
@@ -830,11 +931,34 @@ TEST_F(MlrBadInput, SegmentOffsetsInconsistent) {
   static const int64_t bad_end[] = {0, 1}, decreasing[] = {0, 2, 1}, bad_first[] = {1, 3};
   opt.segment_starts = s;
   opt.num_segment_starts = 3;
+  opt.num_segment_offsets = 2;
   opt.segment_offsets = bad_end;  // batch 1: offsets[1] must be 3
   expect_error({"'segment_offsets[1]'", "num_segment_starts = 3", "got 1"});
   opt.segment_offsets = bad_first;
   expect_error({"'segment_offsets[0]'", "got 1"});
-  (void)decreasing;
+  opt.segment_offsets = decreasing;  // the length is checked before any entry is read
+  opt.num_segment_offsets = 3;
+  expect_error({"'num_segment_offsets'", "batch + 1 = 2", "got 3"});
+  // Batch 2: offsets {0, 2, 1} decrease.
+  std::vector<float> b2(8192, 0.5f), l2(64);
+  q = TensorView(b2.data(), DType::f32, {2, 8, 2, 16});
+  k = v = q;
+  o = TensorView(b2.data() + 4096, DType::f32, {2, 8, 2, 16});
+  lv = TensorView(l2.data(), DType::f32, {2, 2, 8});
+  expect_error({"'segment_offsets[1..2]'", "non-decreasing", "got 2, 1"});
+}
+TEST_F(MlrBadInput, NegativeSizes) {
+  for (int dim = 0; dim < 3; ++dim) {
+    TensorView bad = q;
+    bad.shape[dim] = -3;
+    try {
+      mlr_attention_forward(bad, k, v, o, lv, opt);
+      ADD_FAILURE() << "no error for dim " << dim;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'q'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("sizes >= 0"), std::string::npos) << e.what();
+    }
+  }
 }
 TEST_F(MlrBadInput, SegmentsNull) {
   opt.num_segment_starts = 2;

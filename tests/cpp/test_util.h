@@ -106,21 +106,39 @@ void expect_lse_near(const std::vector<T>& got, const std::vector<double>& want)
     EXPECT_NEAR(double(got[i]), want[i], 1e-5 * std::max(1.0, std::fabs(want[i]))) << "lse " << i;
 }
 
+// Adds one (got, want) pair to a normwise comparison; false when the pair cannot be compared by
+// size: a NaN on either side (both NaN only counts as a match when nan_ok: a test that expects
+// NaN there says so), or infinities that differ. std::max would silently drop a NaN instead.
+inline bool add_pair(double got, double want, bool nan_ok, double& num, double& den) {
+  if (std::isnan(got) || std::isnan(want)) return nan_ok && std::isnan(got) && std::isnan(want);
+  if (std::isinf(got) || std::isinf(want)) return got == want;
+  num = std::max(num, std::fabs(got - want));
+  den = std::max(den, std::fabs(want));
+  return true;
+}
+
 // max |got - want| / max(max |want|, floor): a normwise relative error (FlashAttention-style
-// tests use the same idea). NaN anywhere in got where want is finite counts as infinite error.
+// tests use the same idea); infinite when add_pair refuses a pair.
 inline double rel_err(const Owned4& got, Layout l, const std::vector<double>& want, int64_t B,
-                      int64_t S, int64_t H, int64_t D, double floor = 1e-6) {
+                      int64_t S, int64_t H, int64_t D, double floor = 1e-6, bool nan_ok = false) {
   double num = 0, den = floor;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t d = 0; d < D; ++d) {
           const double w = want[size_t(((b * S + s) * H + h) * D + d)];
-          const double g = got.at(b, s, h, d, l);
-          if (std::isnan(g) && !std::isnan(w)) return INFINITY;
-          num = std::max(num, std::fabs(g - w));
-          den = std::max(den, std::fabs(w));
+          if (!add_pair(got.at(b, s, h, d, l), w, nan_ok, num, den)) return INFINITY;
         }
+  return num / den;
+}
+
+// The same over two flat vectors of equal length.
+inline double rel_err(const std::vector<double>& got, const std::vector<double>& want, double floor = 1e-6,
+                      bool nan_ok = false) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = floor;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!add_pair(got[i], want[i], nan_ok, num, den)) return INFINITY;
   return num / den;
 }
 

@@ -380,7 +380,7 @@ ERROR_CASES = {
     "ranks_empty": (lambda q, k, v: mlr(q, k, v, []), "argument 'ranks': expected 1..16 ranks"),
     "rank_zero": (lambda q, k, v: mlr(q, k, v, [8, 0]), "argument 'ranks[1]'"),
     "block_sizes_count": (lambda q, k, v: mlr(q, k, v, block_sizes=[8]), "argument 'block_sizes'"),
-    "block_sizes_nested": (lambda q, k, v: mlr(q, k, v, block_sizes=[8, 3]), "argument 'block_sizes[1]'"),
+    "block_sizes_positive": (lambda q, k, v: mlr(q, k, v, block_sizes=[8, 0]), "argument 'block_sizes[1]'"),
     "context": (lambda q, k, v: mlr(q, k, v, context=7), "argument 'context'"),
     "scale": (lambda q, k, v: mlr(q, k, v, scale="sqrt"),
               "argument 'scale': expected \"inv_rank\" or \"inv_sqrt_head_dim\""),
@@ -420,7 +420,7 @@ def test_module_errors():
     with pytest.raises(RuntimeError, match="argument 'scale'"):
         strata.MLRAttention(64, 4, [8, 8], scale="x")
     with pytest.raises(RuntimeError, match=r"argument 'block_sizes\[1\]'"):
-        strata.MLRAttention(64, 4, [8, 8], block_sizes=[16, 5])
+        strata.MLRAttention(64, 4, [8, 8], block_sizes=[16, -5])
     with pytest.raises(RuntimeError, match="MLRAttention.forward: argument 'x'"):
         strata.MLRAttention(16, 2, [4, 4])(torch.randn(2, 5, 15))
     with pytest.raises(TypeError, match="argument 'segment_starts'"):

@@ -110,8 +110,10 @@ void top_block(const Levels& v, int64_t t, int64_t* id, int64_t* start) {
   *start = n == 0 ? 0 : v.starts[size_t(n - 1)];
 }
 
-// True when positions t and u lie in the same level-l block (l = 0..L-1), tested on its own.
+// True when positions t and u lie in the same level-l block (l = 0..L-1), tested on its own:
+// fixed blocks [n*b_l, (n+1)*b_l) per level; with segments, blocks of b_l from the segment's start.
 bool same_block(const Levels& v, int l, int64_t t, int64_t u) {
+  if (!v.seg) return floor_div(t, v.size[size_t(l)]) == floor_div(u, v.size[size_t(l)]);
   int64_t it, st, iu, su;
   top_block(v, t, &it, &st);
   top_block(v, u, &iu, &su);
@@ -233,23 +235,24 @@ struct Block {
 
 // Every level-l block (l = 0..L-1) meeting the positions [lo, hi), in order.
 std::vector<Block> level_blocks(const Levels& v, int l, int64_t lo, int64_t hi) {
-  std::vector<Block> top;
-  if (!v.seg) {
-    for (int64_t s = floor_div(lo, v.size[0]) * v.size[0]; s < hi; s += v.size[0]) top.push_back({s, s + v.size[0]});
-  } else {
-    if (lo < 0) top.push_back({lo, 0});
-    int64_t s = 0;
-    for (int64_t b : v.starts) {
-      top.push_back({s, b});
-      s = b;
-    }
-    top.push_back({s, std::max(hi, s + 1)});
-  }
-  if (l == 0) return top;
   std::vector<Block> out;
+  if (!v.seg) {  // fixed blocks: every level on its own
+    const int64_t bl = v.size[size_t(l)];
+    for (int64_t s = floor_div(lo, bl) * bl; s < hi; s += bl) out.push_back({s, s + bl});
+    return out;
+  }
+  std::vector<Block> segments;
+  if (lo < 0) segments.push_back({lo, 0});
+  int64_t s = 0;
+  for (int64_t b : v.starts) {
+    segments.push_back({s, b});
+    s = b;
+  }
+  segments.push_back({s, std::max(hi, s + 1)});
+  if (l == 0) return segments;
   const int64_t bl = v.size[size_t(l)];
-  for (const Block& t : top)
-    for (int64_t s = t.start; s < t.end; s += bl) out.push_back({s, std::min(s + bl, t.end)});
+  for (const Block& t : segments)
+    for (int64_t s0 = t.start; s0 < t.end; s0 += bl) out.push_back({s0, std::min(s0 + bl, t.end)});
   return out;
 }
 

@@ -31,6 +31,9 @@ struct MLRAttentionOptions {
   TORCH_ARG(bool, bias) = true;            // biases of the projections (and QK-LN)
   TORCH_ARG(bool, qk_layernorm) = false;   // ref do_qk_ln
   // The MlrArgs options (strata/torch/mlr.h); the module always works in layout "bshd".
+  // With L >= 2 levels, context (the model's context length, a multiple of 2^(L-1)) or
+  // block_sizes is REQUIRED: the blocks are the model's, the same for training, prefill and
+  // decoding, and a position's output never depends on later tokens (strata/mlr.h, "Blocks").
   TORCH_ARG(std::vector<int64_t>, block_sizes) = {};
   TORCH_ARG(int64_t, context) = 0;
   TORCH_ARG(bool, mask_cross_segment) = false;
