@@ -1,7 +1,7 @@
 // apps/strata/bench_mlr.cpp: `strata bench mlr`: MLR attention (strata/mlr.h, causal, fp32) against
 // its peers in the same process: our dense causal kernel (strata.flash), torch SDPA causal, and the
 // reference code's construction written with torch ops (torch.mlr_blockwise); then decoding with
-// the MLR KV cache (strata/kv_cache.h) against dense decoding.
+// the MLR KV cache (strata/mlr_kv_cache.h) against dense decoding.
 //
 // Sweep: T in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 8192; --smoke: 256, one rep),
 // batch 1, 8 heads, head dim 64 (= d_v), splits 8x8, 32|8|6|4|4|4|4|2 (the reference code's LM
@@ -52,7 +52,7 @@
 #include "commands.h"
 #include "session.h"
 #include "strata/error.h"
-#include "strata/kv_cache.h"
+#include "strata/mlr_kv_cache.h"
 #include "strata/mlr.h"
 #include "strata/torch/attention.h"
 

@@ -69,7 +69,7 @@
 // Results do not depend on the thread count (bitwise).
 //
 // Backward: exact gradients through all T alternating-maximisation steps (derivation in
-// src/cpu/monarch_kernel.inc); the one term dropped is reference mode's derivative of the
+// src/cpu/kernels/monarch.inc); the one term dropped is reference mode's derivative of the
 // max(rowmax, eps) shift, which is eps/(sum + eps) <= 1e-12 relative. Entries with R = 0 (masked
 // or padded keys, underflow) get zero gradient: R (log R + 1) -> 0. (Torch autograd through
 // ma_torch.py returns NaN dq, dk as soon as one key is padded or masked: xlogy's backward at 0.)

@@ -113,20 +113,8 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   return p;
 }
 
-void run_forward(const DenseAttnParams& p) {
-  switch (active_isa()) {
-    case Isa::avx512: cpu::avx512::dense_forward(p); break;
-    case Isa::avx2: cpu::avx2::dense_forward(p); break;
-    default: cpu::scalar::dense_forward(p); break;
-  }
-}
-void run_backward(const DenseAttnParams& p) {
-  switch (active_isa()) {
-    case Isa::avx512: cpu::avx512::dense_backward(p); break;
-    case Isa::avx2: cpu::avx2::dense_backward(p); break;
-    default: cpu::scalar::dense_backward(p); break;
-  }
-}
+void run_forward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).forward(p); }
+void run_backward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).backward(p); }
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dispatch.h"
 #include "strata/tensor.h"
 
 namespace strata::cpu {
@@ -34,14 +35,12 @@ struct DenseAttnParams {
 };
 
 // Per-ISA entry points (src/cpu/attention_{avx512,avx2,scalar}.cpp).
-#define STRATA_DECLARE_DENSE(ns)                            \
-  namespace ns {                                            \
-  void dense_forward(const DenseAttnParams& p);             \
-  void dense_backward(const DenseAttnParams& p);            \
-  }
-STRATA_DECLARE_DENSE(avx512)
-STRATA_DECLARE_DENSE(avx2)
-STRATA_DECLARE_DENSE(scalar)
-#undef STRATA_DECLARE_DENSE
+// The family's entry points, one table per ISA (src/cpu/kernels/attention.inc defines it; dispatch:
+// src/core/dispatch.h).
+struct DenseKernels {
+  void (*forward)(const DenseAttnParams& p);
+  void (*backward)(const DenseAttnParams& p);
+};
+STRATA_PER_ISA(extern const DenseKernels kDenseKernels;)
 
 }  // namespace strata::cpu

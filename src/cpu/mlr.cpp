@@ -88,20 +88,8 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   return p;
 }
 
-void run_forward(const MlrParams& p) {
-  switch (active_isa()) {
-    case Isa::avx512: cpu::avx512::mlr_forward(p); break;
-    case Isa::avx2: cpu::avx2::mlr_forward(p); break;
-    default: cpu::scalar::mlr_forward(p); break;
-  }
-}
-void run_backward(const MlrParams& p) {
-  switch (active_isa()) {
-    case Isa::avx512: cpu::avx512::mlr_backward(p); break;
-    case Isa::avx2: cpu::avx2::mlr_backward(p); break;
-    default: cpu::scalar::mlr_backward(p); break;
-  }
-}
+void run_forward(const MlrParams& p) { STRATA_ACTIVE_KERNELS(kMlrKernels).forward(p); }
+void run_backward(const MlrParams& p) { STRATA_ACTIVE_KERNELS(kMlrKernels).backward(p); }
 
 }  // namespace
 

@@ -1,12 +1,13 @@
 // src/cpu/mlr_params.h: the POD parameter struct of the MLR attention kernels, and the block
 // geometry every part (kernel, flop count) derives from it.
 // Filled by src/cpu/mlr.cpp after validation (block sizes resolved, scales folded per level);
-// read by every ISA variant of src/cpu/mlr_kernel.inc. Strides in elements, logical order
+// read by every ISA variant of src/cpu/kernels/mlr.inc. Strides in elements, logical order
 // (batch, seq, head, dim). Semantics: include/strata/mlr.h.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
+#include "core/dispatch.h"
 #include "cpu/attention_params.h"  // Strided4
 #include "strata/mlr.h"
 #include "strata/tensor.h"
@@ -109,7 +110,7 @@ void mlr_attention_backward_kernel(const TensorView& q, const TensorView& k, con
                                    const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                    const MlrOptions& opt);
 
-// One decode step of one (sequence, query head) over the MlrKvCache (src/cpu/mlr_decode.inc):
+// One decode step of one (sequence, query head) over the MlrKvCache (src/cpu/kernels/mlr_decode.inc):
 // the query at position t meets level l's keys at positions [start[l], t] (any order of the
 // starts: non-nested blocks), stored transposed: keys[l][c * cap[l] + (j - start[l])] = k_l[j][c]; V rows j = 0..t.
 struct MlrDecodeRow {
@@ -127,16 +128,13 @@ struct MlrDecodeRow {
   float* lse = nullptr;                  // natural log
 };
 
-// Per-ISA entry points (src/cpu/mlr_{avx512,avx2,scalar}.cpp).
-#define STRATA_DECLARE_MLR(ns)                  \
-  namespace ns {                                \
-  void mlr_forward(const MlrParams& p);         \
-  void mlr_backward(const MlrParams& p);        \
-  void mlr_decode_row(const MlrDecodeRow& r);   \
-  }
-STRATA_DECLARE_MLR(avx512)
-STRATA_DECLARE_MLR(avx2)
-STRATA_DECLARE_MLR(scalar)
-#undef STRATA_DECLARE_MLR
+// The family's entry points, one table per ISA (src/cpu/kernels/mlr_decode.inc defines it, after
+// both bodies; dispatch: src/core/dispatch.h).
+struct MlrKernels {
+  void (*forward)(const MlrParams& p);
+  void (*backward)(const MlrParams& p);
+  void (*decode_row)(const MlrDecodeRow& r);
+};
+STRATA_PER_ISA(extern const MlrKernels kMlrKernels;)
 
 }  // namespace strata::cpu

@@ -135,11 +135,7 @@ void monarch_attention_forward(const TensorView& q, const TensorView& k, const T
   check_shape(where, "o", dims(o, L), {p.batch, p.seqlen, p.heads_q, p.head_dim_v},
               "(q's batch, seq, heads; v's head_dim)");
   p.o = strided(o, L);
-  switch (active_isa()) {
-    case Isa::avx512: cpu::avx512::monarch_forward(p); break;
-    case Isa::avx2: cpu::avx2::monarch_forward(p); break;
-    default: cpu::scalar::monarch_forward(p); break;
-  }
+  STRATA_ACTIVE_KERNELS(kMonarchKernels).forward(p);
 }
 
 void monarch_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -161,11 +157,7 @@ void monarch_attention_backward(const TensorView& q, const TensorView& k, const 
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
-  switch (active_isa()) {
-    case Isa::avx512: cpu::avx512::monarch_backward(p); break;
-    case Isa::avx2: cpu::avx2::monarch_backward(p); break;
-    default: cpu::scalar::monarch_backward(p); break;
-  }
+  STRATA_ACTIVE_KERNELS(kMonarchKernels).backward(p);
 }
 
 }  // namespace strata

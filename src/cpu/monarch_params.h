@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dispatch.h"
 #include "cpu/attention_params.h"  // Strided4
 #include "strata/tensor.h"
 
@@ -27,15 +28,12 @@ struct MonarchParams {
   Strided4 dout, dq, dk, dv;
 };
 
-// Per-ISA entry points (src/cpu/monarch_{avx512,avx2,scalar}.cpp).
-#define STRATA_DECLARE_MONARCH(ns)                      \
-  namespace ns {                                        \
-  void monarch_forward(const MonarchParams& p);         \
-  void monarch_backward(const MonarchParams& p);        \
-  }
-STRATA_DECLARE_MONARCH(avx512)
-STRATA_DECLARE_MONARCH(avx2)
-STRATA_DECLARE_MONARCH(scalar)
-#undef STRATA_DECLARE_MONARCH
+// The family's entry points, one table per ISA (src/cpu/kernels/monarch.inc defines it; dispatch:
+// src/core/dispatch.h).
+struct MonarchKernels {
+  void (*forward)(const MonarchParams& p);
+  void (*backward)(const MonarchParams& p);
+};
+STRATA_PER_ISA(extern const MonarchKernels kMonarchKernels;)
 
 }  // namespace strata::cpu

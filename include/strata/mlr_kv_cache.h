@@ -1,4 +1,4 @@
-// strata/kv_cache.h: the decode (autoregressive) cache of MLR attention (strata/mlr.h).
+// strata/mlr_kv_cache.h: the decode (autoregressive) cache of MLR attention (strata/mlr.h).
 //
 // A query at position t meets level-l keys only inside its own level-l block, so the cache keeps,
 // per level, only the level-l key slices (r_l dims) of the CURRENT level-l block: b_l * r_l floats

@@ -1,8 +1,8 @@
-// src/cpu/kv_cache.cpp: the MLR decode cache (include/strata/kv_cache.h): per level only the
+// src/cpu/mlr_kv_cache.cpp: the MLR decode cache (include/strata/mlr_kv_cache.h): per level only the
 // current block's key slices (transposed, r_l x cap_l), a full V cache, per-sequence lengths and
-// segments. The step itself is the per-ISA mlr_decode_row (src/cpu/mlr_decode.inc), parallel over
+// segments. The step itself is the per-ISA mlr_decode_row (src/cpu/kernels/mlr_decode.inc), parallel over
 // (sequence, query head); it reads sum_l |block_l| r_l key floats and t * head_dim_v values.
-#include "strata/kv_cache.h"
+#include "strata/mlr_kv_cache.h"
 
 #include <algorithm>
 #include <cmath>
@@ -213,12 +213,7 @@ void MlrKvCache::attend(const TensorView& q, const TensorView& o, const TensorVi
   STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
   const View4 qd = view4(q, L), od = view4(o, L);
   const int64_t group = Hq / heads_kv_;
-  void (*row_fn)(const cpu::MlrDecodeRow&) = cpu::scalar::mlr_decode_row;
-  switch (active_isa()) {
-    case Isa::avx512: row_fn = cpu::avx512::mlr_decode_row; break;
-    case Isa::avx2: row_fn = cpu::avx2::mlr_decode_row; break;
-    default: break;
-  }
+  void (*const row_fn)(const cpu::MlrDecodeRow&) = STRATA_ACTIVE_KERNELS(kMlrKernels).decode_row;
   parallel_for(batch_ * Hq, 1, [&](int64_t begin, int64_t end, int) {
     std::vector<float> qs(static_cast<size_t>(head_dim_)), s(static_cast<size_t>(max_seqlen_ + 16));
     std::vector<float> out(static_cast<size_t>(head_dim_v_));

@@ -1,4 +1,4 @@
-// tests/cpp/core_kv_cache_test.cpp: the MLR decode cache. Decoding a batch of sequences of
+// tests/cpp/core_mlr_kv_cache_test.cpp: the MLR decode cache. Decoding a batch of sequences of
 // different lengths (prefill, then one token at a time) must reproduce, row by row, the full MLR
 // forward over each sequence, across every level's block transitions (blocks 64/32/16/8 over up
 // to 150 tokens, so level 1 changes block too); plus its memory figures and bad input.
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/kv_cache.h"
+#include "strata/mlr_kv_cache.h"
 #include "strata/mlr.h"
 #include "test_util.h"
 
