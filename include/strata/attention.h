@@ -36,8 +36,6 @@
 
 namespace strata {
 
-enum class Layout : uint8_t { BSHD = 0, BHSD = 1 };
-
 struct AttentionOptions {
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1 / sqrt(head_dim)
   bool causal = false;

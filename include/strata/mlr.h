@@ -66,7 +66,6 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "strata/attention.h"
 #include "strata/tensor.h"
 
 namespace strata {

@@ -77,7 +77,6 @@
 #include <cstdint>
 #include <limits>
 
-#include "strata/attention.h"
 #include "strata/tensor.h"
 
 namespace strata {

@@ -50,6 +50,10 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// Order of the (seq, head) dims of a 4-D attention tensor: BSHD = (batch, seq, heads, dim),
+// BHSD = (batch, heads, seq, dim). Kernels read either, with any strides.
+enum class Layout : uint8_t { BSHD = 0, BHSD = 1 };
+
 struct TensorView {
   static constexpr int kMaxDims = 6;
   void* data = nullptr;

@@ -8,6 +8,7 @@
 
 #include "cpu/mlr_params.h"
 #include "cpu/views.h"
+#include "strata/attention.h"  // the dense shortcut of L = 1
 #include "strata/cpu.h"
 
 namespace strata {

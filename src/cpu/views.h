@@ -5,7 +5,6 @@
 #include <string>
 
 #include "cpu/attention_params.h"  // Strided4
-#include "strata/attention.h"      // Layout
 #include "strata/error.h"
 #include "strata/tensor.h"
 
