@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Turns a `strata bench ...` / `strata demo` result JSON into a PNG.
 
-One figure row per dtype; left: speedup of ours over the peer vs the swept size (1.0 = parity),
-right: achieved GFLOP/s vs the swept size, ours solid and the peer dashed, with the measured fp32
+One figure row per dtype; left: speedup of ours over the peer vs the swept size (1.0 = parity;
+the median paired ratio, with its min-max over the timed rounds as an error bar when the JSON has
+speedup_min / speedup_max), right: achieved GFLOP/s vs the swept size, ours solid and the peer dashed, with the measured fp32
 FMA peak as a line. Rows that failed the correctness check are marked with a red x.
 
 Usage: plot.py IN.json OUT.png [--x seq] [--quiet]
@@ -96,7 +97,13 @@ def main():
             rows.sort(key=lambda row: row["shape"][args.x])
             xs = [row["shape"][args.x] for row in rows]
             color = f"C{i % 10}"
-            ax_s.plot(xs, [row["speedup_vs_peer"] for row in rows], "o-", color=color, label=label)
+            ys = [row["speedup_vs_peer"] for row in rows]
+            ax_s.plot(xs, ys, "o-", color=color, label=label)
+            spread = [(row.get("speedup_min"), row.get("speedup_max")) for row in rows]
+            if all(lo is not None and hi is not None for lo, hi in spread):
+                ax_s.errorbar(xs, ys, yerr=[[y - lo for y, (lo, _) in zip(ys, spread)],
+                                            [hi - y for y, (_, hi) in zip(ys, spread)]],
+                              fmt="none", ecolor=color, elinewidth=1, capsize=3, alpha=0.7)
             ax_g.plot(xs, [row["gflops"] for row in rows], "o-", color=color, label=f"{label} ({method})")
             ax_g.plot(xs, [peer_gflops(row) for row in rows], "s--", color=color, alpha=0.6,
                       label=f"{label} ({peer})")
@@ -106,7 +113,7 @@ def main():
                           "x", color="red", markersize=12, mew=2)
         ax_s.axhline(1.0, color="gray", lw=1, ls=":")
         ax_s.set_title(f"{dtype}: speedup of {method} over {peer} (>1: ours faster)")
-        ax_s.set_ylabel("speedup (peer time / our time)")
+        ax_s.set_ylabel("speedup (peer time / our time; bars: min-max over rounds)")
         if peak:
             ax_g.axhline(peak, color="black", lw=1, ls=":", label=f"fp32 FMA peak {peak:.0f}")
         ax_g.set_title(f"{dtype}: achieved GFLOP/s (solid: {method}, dashed: {peer})")

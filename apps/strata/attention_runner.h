@@ -1,7 +1,8 @@
 // apps/strata/attention_runner.h: one dense-attention benchmark row: strata's kernel (through
 // strata::torch, layout "bhsd") against torch's scaled_dot_product_attention on the very same
-// (batch, heads, seq, dim) tensors, same process, same threads. Correctness first on the warm-up
-// outputs, then interleaved timing (ours, SDPA, ours, SDPA, ...).
+// (batch, heads, seq, dim) tensors, same process, same threads, timed by the bench harness
+// (warm-up, ABBA rounds, then the check on the outputs of the last timed calls); plus the torch
+// helpers the other benches share (max_rel_err, the test hook's perturbation).
 // Correctness: max_rel_err is ours vs SDPA (o, and dq, dk, dv for fwd+bwd rows). float32 rows are
 // correct when it is < 1e-4. bfloat16 rows are judged against SDPA run in float32 on the same
 // inputs (< 2e-2), because SDPA's own bf16 gradients exceed 2e-2 at N = 16384; both errors
@@ -11,7 +12,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "bench_harness.h"
 #include "report.h"
 
 namespace strata::app {
@@ -21,12 +25,6 @@ struct AttnCase {
   bool causal = false;
   bool backward = false;  // false: forward only; true: forward + backward (wall time of both)
   at::ScalarType dtype = at::kFloat;
-};
-
-struct TimingPlan {
-  int reps = 5;              // timed repetitions per method (after one warm-up each)
-  double row_budget_s = 8;   // rows whose warm-up pair would exceed this in total use fewer reps,
-                             // never fewer than 3 (nor more than `reps`)
 };
 
 // "fwd", "fwd causal", "fwd+bwd", "fwd+bwd causal".
@@ -42,9 +40,18 @@ double attention_tolerance(at::ScalarType dtype);
 // max|a - b| / max|b| in double (max|a - b| when b is all zeros); +inf if either holds a NaN.
 double max_rel_err(const at::Tensor& a, const at::Tensor& b);
 
-// Runs one row (see the file comment): inputs from a fixed seed, one warm-up run of each method
-// (its outputs are checked), then plan.reps interleaved timed runs (fewer for slow rows, see
-// TimingPlan).
+// The test hook's perturbation (bench_harness.h): adds 1 + max|t| to one element of t in place,
+// in the middle row of batch 0, head 0 (t: batch x heads x seq x dim, or batch x heads x seq), so
+// any check of that head or of the whole tensor sees a relative error of at least 1.
+void perturb_for_test(const at::Tensor& t);
+
+// A CorruptFn over named outputs: perturbs the one named (perturb_for_test) and returns true, or
+// returns false when `outputs` has no such name. The tensors are captured by reference, so the
+// function sees what the last timed call left in them.
+CorruptFn corrupt_outputs(std::vector<std::pair<std::string, const at::Tensor*>> outputs);
+
+// Runs one row (see the file comment): inputs from a fixed seed; plan.reps timed rounds (fewer
+// for rows over plan.budget_s, never under min(plan.reps, plan.min_reps)).
 BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan);
 
 }  // namespace strata::app

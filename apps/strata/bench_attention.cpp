@@ -2,9 +2,11 @@
 // SDPA, swept over sequence length at fixed total tokens (FlashAttention's convention).
 //
 // Full sweep: N in {256, ..., 16384}, batch = max(1, 16384 / N), 8 heads, head_dim 64 and 128,
-// causal and not, forward and forward+backward, float32 and bfloat16 (112 rows; 10+ minutes on
-// 2 cores). --quick: 8 rows (fp32 fwd N 1024/4096 causal and not, fp32 fwd+bwd N 1024/4096,
-// bf16 fwd N 4096 causal and not), under a minute on 2 idle cores.
+// causal and not, forward and forward+backward, float32 and bfloat16 (112 rows, 7 rounds each:
+// hours on 2 cores; 80 minutes with the former 3 rounds on a busy machine). --quick: 8 rows (fp32
+// fwd N 1024/4096 causal and not, fp32 fwd+bwd N 1024/4096, bf16 fwd N 4096 causal and not), 5
+// rounds each, about 1.5 minutes on 2 idle cores (51 s with the former 3). Timing and the check of
+// the timed outputs: bench_harness.h, through run_attention_row.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -72,7 +74,7 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
       "attention",
       "Dense attention: strata's flash kernel vs torch scaled_dot_product_attention (same tensors,\n"
       "same process, same threads, interleaved timing, correctness checked on every row)");
-  cmd->add_flag("--quick", o.quick, "8-row subset (N 1024/4096, d 64), under a minute on 2 idle cores");
+  cmd->add_flag("--quick", o.quick, "8-row subset (N 1024/4096, d 64), about 1.5 minutes on 2 idle cores");
   cmd->add_option("--seq", o.seq, "keep only rows with these sequence lengths (repeatable)")->type_name("N");
   cmd->add_option("--head-dim", o.head_dim, "keep only rows with these head dims (repeatable)")->type_name("D");
   cmd->add_option("--dtype", o.dtype, "keep only rows of these dtypes (repeatable)")
@@ -80,8 +82,8 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
   cmd->add_option("--pass", o.pass, "keep only rows of these passes (repeatable)")
       ->check(CLI::IsMember({"fwd", "fwd+bwd"}));
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "row",
-                           "timed repetitions per method and row, after one warm-up (default 5, 3 with --quick;\n"
-                           "rows whose warm-up pair exceeds 8 s use fewer, never under 3)");
+                           "timed rounds per row (ABBA order) after one warm-up (default 7, 5 with --quick;\n"
+                           "more rounds are cut back on rows over 8 s, never under those)");
   return cmd;
 }
 
@@ -99,9 +101,10 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   BenchReport rep = new_report("attention", threads);
   print_preamble(rep);
 
-  TimingPlan plan;
-  plan.reps = o.reps > 0 ? o.reps : (o.quick ? 3 : 5);
-  fmt::print("{} rows, {} timed reps each (after a warm-up), ours = strata.flash (layout bhsd), "
+  // 7 rounds per row (5 with --quick); rows whose warm-up pair x rounds exceeds 8 s are cut
+  // towards that, never under the floor.
+  const TimingPlan plan = bench_timing_plan(o.reps, o.quick, false, 8.0);
+  fmt::print("{} rows, {} timed rounds each (ABBA order, after a warm-up), ours = strata.flash (layout bhsd), "
              "peer = torch.sdpa\n", cases.size(), plan.reps);
   print_table_header();
   for (const AttnCase& c : cases) {

@@ -22,64 +22,29 @@ void add_bench_output_options(CLI::App* cmd, std::string& json, std::string& csv
   cmd->add_option("--reps", reps, reps_help)->check(CLI::Range(1, 100000));
 }
 
-int group_reps(int reps, double round_s, double budget_s) {
-  if (reps <= 3 || round_s * reps <= budget_s) return reps;
-  return std::max(3, int(budget_s / std::max(round_s, 1e-9)));
-}
-
 void set_row_times(BenchRow& row, const std::vector<double>& ours_s, const std::vector<double>& peer_s) {
-  STRATA_CHECK(!ours_s.empty() && (ours_s.size() == peer_s.size() || peer_s.size() == 1),
-               "set_row_times: expected non-empty timings, the peer's one or as many as ours, got ", ours_s.size(),
-               " and ", peer_s.size());
+  row.speedup = paired_ratio_stats(ours_s, peer_s);
   row.ours = time_stats(ours_s);
   row.peer_time = time_stats(peer_s);
-  if (peer_s.size() != ours_s.size()) {
-    row.speedup = peer_s[0] / row.ours.median_s;
-    return;
-  }
-  std::vector<double> ratios;
-  for (size_t i = 0; i < ours_s.size(); ++i) ratios.push_back(peer_s[i] / ours_s[i]);
-  row.speedup = median(ratios);
-}
-
-std::vector<std::vector<double>> warm_check_time(const std::vector<std::function<void()>>& fns, int reps,
-                                                 double budget_s, const std::function<void()>& check,
-                                                 const std::vector<bool>& once_if_slow) {
-  std::vector<double> warm;
-  for (const auto& fn : fns) warm.push_back(warm_up(fn));
-  check();
-  std::vector<std::function<void()>> timed;
-  std::vector<size_t> index;  // fns index of timed[i]
-  double round_s = 0;
-  for (size_t i = 0; i < fns.size(); ++i) {
-    if (i < once_if_slow.size() && once_if_slow[i] && warm[i] > kSlowPeerS) continue;
-    timed.push_back(fns[i]);
-    index.push_back(i);
-    round_s += warm[i];
-  }
-  const auto t = time_round_robin(timed, group_reps(reps, round_s, budget_s));
-  std::vector<std::vector<double>> secs(fns.size());
-  for (size_t i = 0; i < fns.size(); ++i) secs[i] = {warm[i]};
-  for (size_t i = 0; i < timed.size(); ++i) secs[index[i]] = t[i];
-  return secs;
 }
 
 void print_peer_table_header() {
-  fmt::print("(rel_err: ours vs the reference named in the JSON's checked_against; ok: under the tolerance;\n"
-             " speedup: median of paired peer / ours times; GFLOP/s: each method's own FLOPs)\n");
-  fmt::print("{:<11} {:<30} {:<22} {:<3} {:>8} {:>9} {:>9} {:>8} {:>7} {:>6} {:>7}  {}\n", "case", "shape", "peer",
-             "ok", "rel_err", "ours ms", "peer ms", "speedup", "GF/s", "%peak", "peerGF", "note");
-  fmt::print("{}\n", std::string(140, '-'));
+  fmt::print("(rel_err: ours' last timed call vs the reference named in the JSON's checked_against; ok: under\n"
+             " the tolerance; speedup: median of the per-round peer / ours ratios, range: their min-max;\n"
+             " GFLOP/s: each method's own FLOPs)\n");
+  fmt::print("{:<11} {:<30} {:<22} {:<3} {:>8} {:>9} {:>9} {:>8} {:>11} {:>7} {:>6} {:>7}  {}\n", "case", "shape",
+             "peer", "ok", "rel_err", "ours ms", "peer ms", "speedup", "range", "GF/s", "%peak", "peerGF", "note");
+  fmt::print("{}\n", std::string(152, '-'));
   std::fflush(stdout);
 }
 
 void print_peer_table_row(const BenchRow& row, double peak_gflops, const std::string& note) {
   const double gf = row_gflops(row, false);
   const double err = row.ref_max_rel_err ? *row.ref_max_rel_err : row.max_rel_err;
-  fmt::print("{:<11} {:<30} {:<22} {:<3} {:>8.1e} {:>9.3f} {:>9.3f} {:>7.2f}x {:>7.1f} {:>6.1f} {:>7.1f}  {}\n",
+  fmt::print("{:<11} {:<30} {:<22} {:<3} {:>8.1e} {:>9.3f} {:>9.3f} {:>7.2f}x {:>11} {:>7.1f} {:>6.1f} {:>7.1f}  {}\n",
              row.case_name, row.shape_label, row.peer, row.correct ? "yes" : "NO", err, row.ours.median_s * 1e3,
-             row.peer_time.median_s * 1e3, row.speedup, gf, peak_gflops > 0 ? 100.0 * gf / peak_gflops : 0.0,
-             row_gflops(row, true), note);
+             row.peer_time.median_s * 1e3, row.speedup.median, speedup_range(row.speedup), gf,
+             peak_gflops > 0 ? 100.0 * gf / peak_gflops : 0.0, row_gflops(row, true), note);
   std::fflush(stdout);
 }
 

@@ -3,10 +3,12 @@
 // reference code's construction written with torch ops (torch.mlr_blockwise); then decoding with
 // the MLR KV cache (strata/mlr_kv_cache.h) against dense decoding.
 //
-// Sweep: T in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 8192; --smoke: 256, one rep),
-// batch 1, 8 heads, head dim 64 (= d_v), splits 8x8, 32|8|6|4|4|4|4|2 (the reference code's LM
-// split) and 16x4, default blocks (b_l = T / 2^(l-1)). Per (T, split) two groups, each timed
-// round-robin (ours, peer 1, peer 2, ...) after one warm-up whose outputs are checked:
+// Sweep: T in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 8192; --smoke: 256), 7 rounds
+// per group (--quick 5, --smoke 3), batch 1, 8 heads, head dim 64 (= d_v), splits 8x8,
+// 32|8|6|4|4|4|4|2 (the reference code's LM split) and 16x4, default blocks (b_l = T / 2^(l-1)).
+// Per (T, split) two groups, each timed by the
+// bench harness (bench_harness.h: one warm-up, then rounds in ABBA order: ours, peer 1, peer 2, ...,
+// then ..., peer 2, peer 1, ours; the check reads what the last timed calls wrote):
 //   fwd causal  ours = mlr_attention_forward (o + lse); peers: strata.flash forward, SDPA forward,
 //               torch.mlr_blockwise forward (no autograd graph; T <= --ref-max-seq, 4096)
 //   bwd causal  the backward op alone, given the forward's saved outputs: ours =
@@ -16,12 +18,12 @@
 //               (4096): each of its per-block slice copies (255 for 8 levels) is an autograd
 //               CopySlices node that copies the whole T x T x heads gradient (about 80 s per
 //               call at T = 4096 on 2 busy cores).
-// torch.mlr_blockwise calls that take over 5 s are timed once (the checked warm-up run; rows say
-// peer_timed_once); every other method is timed in every round.
-// Correctness (before timing): ours vs strata::reference (double; head 0, the last 256 query
-// rows against all keys: the forward's own rows, and a forward + backward of that slice), and
-// where torch.mlr_blockwise runs also vs it on the whole problem (o; dq, dk, dv through
-// autograd). fp32 tolerance 1e-4 on max|diff| / max|ref|.
+// torch.mlr_blockwise calls that take over 5 s are timed once (their warm-up, whose outputs are the
+// ones checked; rows say peer_timed_once); every other method is timed in every round.
+// Correctness, on the outputs of ours' last timed call: vs strata::reference (double) on all of
+// head 0 (every query: o and lse of the forward; dq, dk, dv of the backward), and where
+// torch.mlr_blockwise runs also vs it on the whole problem (o; dq, dk, dv through autograd). fp32
+// tolerance 1e-4 on max|diff| / max|ref| (see kTolerance).
 // FLOPs (performance.md): forward = strata::mlr_attention_flops (scores 2*sum of shared-prefix
 // lengths over allowed pairs, + 2*pairs*d_v), the dense peers' = its dense_total. Backward =
 // 3x the score part + 2x the P V part (recompute QK^T, dQ, dK; dP, dV), i.e. 2.5x the forward
@@ -31,7 +33,8 @@
 // append token T-1 + attend (each timed step starts from a copy of the prefilled cache, copied
 // untimed). Peers: dense decoding over a K/V cache of T tokens (the step writes slot T-1, then
 // one query attends all T keys): strata.flash (seqlen_q = 1) and SDPA. Reported: tokens/s, key
-// and value bytes of both caches, key-cache ratio. Decode steps use 10x the reps.
+// and value bytes of both caches, key-cache ratio. Decode steps use 10x the rounds (3 warm-ups);
+// checked: the last timed step's o (all heads) vs the double reference's row T-1.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/core.h>
@@ -54,14 +57,20 @@
 #include "strata/error.h"
 #include "strata/mlr_kv_cache.h"
 #include "strata/mlr.h"
+#include "strata/threading.h"
 #include "strata/torch/attention.h"
 
 namespace strata::app {
 namespace {
 
 constexpr int64_t kHeadDim = 64;
-constexpr int64_t kSliceRows = 256;     // query rows of the double-precision check
-constexpr double kGroupBudgetS = 20.0;  // timed seconds per group before reps are cut
+constexpr int64_t kRefChunk = 256;      // query rows per call of the double reference (memory ~ 40 x chunk x T bytes)
+constexpr double kGroupBudgetS = 20.0;  // timed seconds per group before rounds are cut
+// fp32 on max|diff| / max|ref| against the double reference. Each output is a sum over up to T
+// = 16384 keys (dk, dv: over as many queries) formed in tiles of 64 with fp32 accumulators and an
+// online softmax, so the rounding error is bounded by about eps * (T / 64 + 64) = 6e-8 * 320 =
+// 2e-5 (measured, head 0, 8x8: 1.6e-7 forward and 6.9e-6 backward at T = 16384); 1e-4 leaves 5x
+// over that bound.
 constexpr double kTolerance = 1e-4;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -116,33 +125,82 @@ at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
   return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
 }
 
-// The double-precision check on a slice: head 0, the last R query rows against all T keys.
-// Returns (err of `o_full`'s rows vs the reference, err of a forward + backward of the slice).
-std::pair<double, double> slice_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& dout, const at::Tensor& o_full, const MlrOptions& opt,
-                                      bool backward) {
-  const int64_t T = q.size(2), R = std::min(T, kSliceRows), D = q.size(3), Dv = v.size(3);
-  const at::Tensor qs = q.narrow(1, 0, 1).narrow(2, T - R, R), ks = k.narrow(1, 0, 1), vs = v.narrow(1, 0, 1);
-  const at::Tensor dos = dout.narrow(1, 0, 1).narrow(2, T - R, R);
-  std::vector<double> ro(static_cast<size_t>(R * Dv)), rlse(static_cast<size_t>(R));
-  reference::mlr_attention_forward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), opt, ro.data(), rlse.data());
-  const at::Tensor ours_rows = o_full.narrow(1, 0, 1).narrow(2, T - R, R).transpose(1, 2);  // BSHD order
-  const double fwd_err = max_rel_err(ours_rows, f64(ro, {1, R, 1, Dv}));
-  if (!backward) return {fwd_err, 0.0};
-  // Ours on the slice problem (bottom-right aligned: the rows sit at positions T-R..T-1).
-  const at::Tensor os = at::empty({1, 1, R, Dv}), lses = at::empty({1, 1, R});
-  mlr_attention_forward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), tv(os, "o"), tv(lses, "lse"), opt);
-  const at::Tensor dq = at::empty({1, 1, R, D}), dk = at::empty({1, 1, T, D}), dv = at::empty({1, 1, T, Dv});
-  mlr_attention_backward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), tv(os, "o"), tv(lses, "lse"), tv(dos, "dout"),
-                         tv(dq, "dq"), tv(dk, "dk"), tv(dv, "dv"), opt);
-  std::vector<double> rdq(size_t(R * D)), rdk(size_t(T * D)), rdv(size_t(T * Dv));
-  reference::mlr_attention_backward(tv(qs, "q"), tv(ks, "k"), tv(vs, "v"), tv(dos, "dout"), opt, rdq.data(),
-                                    rdk.data(), rdv.data());
-  const double bwd_err = std::max({max_rel_err(os.transpose(1, 2), f64(ro, {1, R, 1, Dv})),
-                                   max_rel_err(dq.transpose(1, 2), f64(rdq, {1, R, 1, D})),
-                                   max_rel_err(dk.transpose(1, 2), f64(rdk, {1, T, 1, D})),
-                                   max_rel_err(dv.transpose(1, 2), f64(rdv, {1, T, 1, Dv}))});
-  return {fwd_err, bwd_err};
+// Head 0 of a BHSD tensor in BSHD order (1 x T x 1 x d), the order of the reference's outputs.
+at::Tensor head0(const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); }
+
+// The double reference (strata::reference::mlr_attention_*) on all of head 0, BSHD order with
+// one head: o, dq: T x d; lse: T; dk, dv: T x d. Computed in chunks of kRefChunk queries, each a
+// bottom-right-aligned problem (queries [a, a+R) against keys [0, a+R), context fixed to the full
+// problem's so the blocks are the same), which keeps memory at O(R T) per thread instead of
+// O(T^2): forward rows are independent, and the backward's dk, dv are sums over the queries, so
+// the chunks' dk, dv add up to the full head's. Chunks run on strata's pool, largest first.
+struct Head0Ref {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+Head0Ref head0_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                         MlrOptions opt, bool backward) {
+  const int64_t T = q.size(2), D = q.size(3), Dv = v.size(3);
+  if (opt.context == 0) {  // mlr.h's default, made explicit: seqlen_k rounded up to 2^(L-1)
+    const int64_t pow = int64_t(1) << (opt.num_levels - 1);
+    opt.context = (T + pow - 1) / pow * pow;
+  }
+  Head0Ref r;
+  const int nthreads = strata::get_num_threads();
+  std::vector<std::vector<double>> dk(static_cast<size_t>(nthreads)), dv(static_cast<size_t>(nthreads));  // per thread
+  if (!backward) {
+    r.o.resize(size_t(T * Dv));
+    r.lse.resize(size_t(T));
+  } else {
+    r.dq.resize(size_t(T * D));
+    for (int t = 0; t < nthreads; ++t) {
+      dk[size_t(t)].assign(size_t(T * D), 0.0);
+      dv[size_t(t)].assign(size_t(T * Dv), 0.0);
+    }
+  }
+  const int64_t chunks = (T + kRefChunk - 1) / kRefChunk;
+  strata::parallel_for(chunks, 1, [&](int64_t begin, int64_t end, int tid) {
+    std::vector<double> dkc, dvc;
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t a = (chunks - 1 - c) * kRefChunk, R = std::min(kRefChunk, T - a), nk = a + R;
+      const at::Tensor qc = q.narrow(1, 0, 1).narrow(2, a, R), kc = k.narrow(1, 0, 1).narrow(2, 0, nk),
+                       vc = v.narrow(1, 0, 1).narrow(2, 0, nk);
+      if (!backward) {
+        reference::mlr_attention_forward(tv(qc, "q"), tv(kc, "k"), tv(vc, "v"), opt, r.o.data() + a * Dv,
+                                         r.lse.data() + a);
+        continue;
+      }
+      dkc.resize(size_t(nk * D));
+      dvc.resize(size_t(nk * Dv));
+      reference::mlr_attention_backward(tv(qc, "q"), tv(kc, "k"), tv(vc, "v"),
+                                        tv(dout.narrow(1, 0, 1).narrow(2, a, R), "dout"), opt,
+                                        r.dq.data() + a * D, dkc.data(), dvc.data());
+      for (size_t i = 0; i < dkc.size(); ++i) dk[size_t(tid)][i] += dkc[i];
+      for (size_t i = 0; i < dvc.size(); ++i) dv[size_t(tid)][i] += dvc[i];
+    }
+  });
+  if (backward) {
+    r.dk = std::move(dk[0]);
+    r.dv = std::move(dv[0]);
+    for (int t = 1; t < nthreads; ++t) {
+      for (size_t i = 0; i < r.dk.size(); ++i) r.dk[i] += dk[size_t(t)][i];
+      for (size_t i = 0; i < r.dv.size(); ++i) r.dv[i] += dv[size_t(t)][i];
+    }
+  }
+  return r;
+}
+
+// max_rel_err of ours' head 0 (o and lse; or dq, dk, dv) against head0_reference.
+double head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                 const MlrOptions& opt, const std::vector<const at::Tensor*>& ours, bool backward) {
+  const int64_t T = q.size(2), D = q.size(3), Dv = v.size(3);
+  Head0Ref r = head0_reference(q, k, v, dout, opt, backward);
+  if (!backward)
+    return std::max(max_rel_err(head0(*ours[0]), f64(r.o, {1, T, 1, Dv})),
+                    max_rel_err(ours[1]->narrow(1, 0, 1), f64(r.lse, {1, 1, T})));
+  return std::max({max_rel_err(head0(*ours[0]), f64(r.dq, {1, T, 1, D})),
+                   max_rel_err(head0(*ours[1]), f64(r.dk, {1, T, 1, D})),
+                   max_rel_err(head0(*ours[2]), f64(r.dv, {1, T, 1, Dv}))});
 }
 
 // One timed method of a group.
@@ -188,30 +246,27 @@ void add_group_rows(BenchReport& rep, const Row0& r0, const std::vector<Method>&
       note = "peer timed once (its checked run): too slow to repeat";
     }
     if (ms[i].dense) {
-      row.extra["speedup_over_flop_ratio"] = row.speedup / r0.ratio_total;
+      row.extra["speedup_over_flop_ratio"] = row.speedup.median / r0.ratio_total;
       note = fmt::format("FLOP ratio {:.2f} (scores {:.2f}); {:.2f} of it", r0.ratio_total, r0.ratio_scores,
-                         row.speedup / r0.ratio_total);
+                         row.speedup.median / r0.ratio_total);
     }
     rep.rows.push_back(std::move(row));
     print_peer_table_row(rep.rows.back(), rep.peak.all_gflops, note);
   }
 }
 
-// warm_check_time over the methods; only torch.mlr_blockwise may be timed once when slow.
-std::vector<std::vector<double>> warm_and_time(const std::vector<Method>& ms, int reps,
-                                               const std::function<void()>& check) {
-  std::vector<std::function<void()>> fns;
-  std::vector<bool> once_if_slow;
-  for (const Method& m : ms) {
-    fns.push_back(m.run);
-    once_if_slow.push_back(m.name == "torch.mlr_blockwise");
-  }
-  return warm_check_time(fns, reps, kGroupBudgetS, check, once_if_slow);
+// run_timed_group over the methods (seconds per method and round); only torch.mlr_blockwise may
+// be timed once when slow.
+std::vector<std::vector<double>> time_group(const std::vector<Method>& ms, const TimingPlan& plan,
+                                            const std::function<void()>& check, const CorruptFn& corrupt) {
+  std::vector<BenchMethod> bm;
+  for (const Method& m : ms) bm.push_back({m.name, m.run, {}, m.name == "torch.mlr_blockwise"});
+  return run_timed_group(bm, plan, check, corrupt).secs;
 }
 
 // Forward and backward groups of one (T, split): rows appended to rep (correct = the checks).
-void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, int reps, int64_t ref_max_seq,
-                int64_t ref_bwd_max_seq) {
+void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, const TimingPlan& plan,
+                int64_t ref_max_seq, int64_t ref_bwd_max_seq) {
   const MlrOptions opt = mlr_opts(split);
   const bool with_ref = T <= ref_max_seq, with_ref_bwd = T <= ref_bwd_max_seq;
   at::manual_seed(20250907);
@@ -228,8 +283,7 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   r0.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};
   r0.label = fmt::format("H={} T={} {}", heads, T, split.name);
   r0.ratio_scores = f.dense_scores / f.scores;
-  const int64_t R = std::min(T, kSliceRows);
-  const std::string slice_ref = fmt::format("strata::reference f64 (head 0, last {} queries)", R);
+  const std::string head0_ref = "strata::reference f64 (head 0, all T queries)";
 
   // --- forward
   at::Tensor o, lse, o_dense, lse_dense, o_sdpa, o_ref;
@@ -249,17 +303,17 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
                     o_ref = blockwise_mlr(q, k, v, split.ranks, above_diag);
                   }});
   std::vector<double> peer_err(ms.size(), kNaN);
-  const auto fwd_secs = warm_and_time(ms, reps, [&] {
-    const auto [fwd_err, unused] = slice_check(q, k, v, dout, o, opt, false);
-    (void)unused;
-    r0.check_err = fwd_err;
+  const auto fwd_check = [&] {
+    r0.check_err = head0_err(q, k, v, dout, opt, {&o, &lse}, false);
     if (with_ref) {
       peer_err[3] = max_rel_err(o, o_ref);
       r0.check_err = std::max(r0.check_err, peer_err[3]);
     }
-  });
+  };
+  const auto fwd_secs = time_group(ms, plan, fwd_check, corrupt_outputs({{"o", &o}, {"lse", &lse}}));
   r0.case_name = "fwd causal";
-  r0.checked_against = with_ref ? "torch.mlr_blockwise (all heads) and " + slice_ref : slice_ref;
+  r0.checked_against = with_ref ? "torch.mlr_blockwise (all heads) and " + head0_ref + ": o, lse"
+                                : head0_ref + ": o, lse";
   r0.flops = f.total;
   r0.dense_flops = f.dense_total;
   r0.ratio_total = f.dense_total / f.total;
@@ -296,17 +350,18 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
                   }});
   std::fill(peer_err.begin(), peer_err.end(), kNaN);
   peer_err.resize(ms.size(), kNaN);
-  const auto bwd_secs = warm_and_time(ms, reps, [&] {
-    const auto [unused, bwd_err] = slice_check(q, k, v, dout, o, opt, true);
-    (void)unused;
-    r0.check_err = bwd_err;
+  const auto bwd_check = [&] {
+    r0.check_err = head0_err(q, k, v, dout, opt, {&dq, &dk, &dv}, true);
     if (with_ref_bwd) {
       peer_err[3] = std::max({max_rel_err(dq, g_ref[0]), max_rel_err(dk, g_ref[1]), max_rel_err(dv, g_ref[2])});
       r0.check_err = std::max(r0.check_err, peer_err[3]);
     }
-  });
+  };
+  const auto bwd_secs =
+      time_group(ms, plan, bwd_check, corrupt_outputs({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}));
   r0.case_name = "bwd causal";
-  r0.checked_against = with_ref_bwd ? "torch.mlr_blockwise autograd (all heads) and " + slice_ref : slice_ref;
+  r0.checked_against = with_ref_bwd ? "torch.mlr_blockwise autograd (all heads) and " + head0_ref + ": dq, dk, dv"
+                                    : head0_ref + ": dq, dk, dv";
   r0.flops = bwd_flops(f.scores, f.total);
   r0.dense_flops = bwd_flops(f.dense_scores, f.dense_total);
   r0.ratio_total = r0.dense_flops / r0.flops;
@@ -314,7 +369,7 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
 }
 
 // Decode at cache length T with the 8x8 split (see the file comment).
-void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, int reps) {
+void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, const TimingPlan& plan) {
   MlrOptions opt = mlr_opts(split);
   opt.context = T;  // the model's context (the cache requires it): blocks T / 2^(l-1), as the forwards'
   STRATA_CHECK(T % (int64_t(1) << (split.ranks.size() - 1)) == 0, "bench mlr: decode length ", T,
@@ -329,7 +384,7 @@ void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   const int64_t prefill = T - 1, one = 1;
   base.append(tv(k.narrow(2, 0, T - 1), "k"), tv(v.narrow(2, 0, T - 1), "v"), &prefill);
   MlrKvCache work = base;
-  at::Tensor o = at::empty({1, heads, 1, kHeadDim}), lse = at::empty({1, heads, 1});
+  const at::Tensor o = at::empty({1, heads, 1, kHeadDim}), lse = at::empty({1, heads, 1});
   // Dense caches of T tokens (slot T-1 rewritten by each step).
   const at::Tensor kc = k.clone(), vc = v.clone();
   strata::torch::AttentionArgs dense_args;  // one query over all keys: no mask needed
@@ -351,26 +406,26 @@ void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
     o_sdpa = at::scaled_dot_product_attention(q1, kc, vc, {}, 0.0, false);
   };
 
-  // Warm-up (3 steps each), then the check: ours vs the double reference's row T-1.
-  for (int w = 0; w < 3; ++w) {
-    work = base;
-    ours();
-    dense();
-    sdpa();
-  }
-  std::vector<double> ro(static_cast<size_t>(heads * kHeadDim)), rlse(static_cast<size_t>(heads));
-  reference::mlr_attention_forward(tv(q1, "q"), tv(k, "k"), tv(v, "v"), opt, ro.data(), rlse.data());
-  const double err = max_rel_err(o.transpose(1, 2), f64(ro, {1, 1, heads, kHeadDim}));
-  const double dense_vs_sdpa = max_rel_err(o_dense, o_sdpa);
-
-  const int steps = std::max(1, 10 * reps);
-  std::vector<std::vector<double>> secs(3);
-  for (int r = 0; r < steps; ++r) {
-    work = base;  // untimed: every timed step appends token T-1 to the prefilled cache
-    secs[1].push_back(time_once(dense));
-    secs[2].push_back(time_once(sdpa));
-    secs[0].push_back(time_once(ours));
-  }
+  // 3 warm-up steps each, then 10x the group's rounds (a step is short); each call of ours starts
+  // from a copy of the prefilled cache (untimed reset). The check: the last timed step's o (all
+  // heads) vs the double reference's row T-1.
+  double err = kNaN, dense_vs_sdpa = kNaN;
+  const auto check = [&] {
+    std::vector<double> ro(static_cast<size_t>(heads * kHeadDim)), rlse(static_cast<size_t>(heads));
+    reference::mlr_attention_forward(tv(q1, "q"), tv(k, "k"), tv(v, "v"), opt, ro.data(), rlse.data());
+    err = max_rel_err(o.transpose(1, 2), f64(ro, {1, 1, heads, kHeadDim}));
+    dense_vs_sdpa = max_rel_err(o_dense, o_sdpa);
+  };
+  TimingPlan steps = plan;
+  steps.reps = 10 * plan.reps;
+  steps.min_reps = 10 * plan.min_reps;
+  steps.warmups = 3;
+  const std::vector<std::vector<double>> secs =
+      run_timed_group({{"strata.mlr_kv_cache", ours, [&] { work = base; }},
+                       {"strata.flash", dense},
+                       {"torch.sdpa", sdpa}},
+                      steps, check, corrupt_outputs({{"o", &o}}))
+          .secs;
 
   const MlrFlops f = mlr_attention_flops(1, heads, 1, T, kHeadDim, opt);
   const double dense_key_bytes = double(base.dense_key_bytes());
@@ -424,7 +479,7 @@ std::optional<double> find(const BenchReport& rep, const std::string& case_name,
 }
 
 void add_targets(BenchReport& rep) {
-  const auto speedup = [](const BenchRow& r) { return r.speedup; };
+  const auto speedup = [](const BenchRow& r) { return r.speedup.median; };
   const auto ratio = [](const BenchRow& r) { return r.extra.value("flop_ratio_total", 0.0); };
   for (const auto& [case_name, factor] : {std::pair<std::string, double>{"fwd causal", 0.85}, {"bwd causal", 0.8}}) {
     const auto s = find(rep, case_name, 8192, "8x8", "strata.flash", speedup);
@@ -454,7 +509,7 @@ CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
       "MLR attention (causal, fp32) vs our dense kernel, torch SDPA and the reference code's\n"
       "block-diagonal construction in torch; then KV-cache decoding vs dense decoding");
   cmd->add_flag("--quick", o.quick, "T 1024/4096/8192 (decode at 8192)");
-  cmd->add_flag("--smoke", o.smoke, "T = 256 only, one rep (for tests)");
+  cmd->add_flag("--smoke", o.smoke, "T = 256 only, 3 rounds (for tests)");
   cmd->add_option("--seq", o.seq, "keep only these T (repeatable; decode runs when its T is kept)")->type_name("T");
   cmd->add_option("--split", o.split, "keep only these splits (repeatable)")
       ->check(CLI::IsMember({"8x8", "32|8|6|4|4|4|4|2", "16x4"}));
@@ -467,8 +522,9 @@ CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
                   "T x T gradient copy: about 80 s a call at T = 4096; default 4096)")
       ->type_name("T");
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
-                           "timed rounds per group after one warm-up (default 5, also with --quick; 1 with --smoke;\n"
-                           "groups over 20 s use fewer, never under 3); decode steps: 10x");
+                           "timed rounds per group (ABBA order) after one warm-up (default 7, 5 with --quick,\n"
+                           "3 with --smoke; more rounds are cut back on groups over 20 s, never under those);\n"
+                           "decode steps: 10x");
   return cmd;
 }
 
@@ -496,21 +552,21 @@ int run_bench_mlr(const BenchMlrOptions& o) {
   std::fflush(stdout);
   BenchReport rep = new_report("mlr", threads);
   print_preamble(rep);
-  // --quick times 5 rounds too: its T = 8192 8x8 rows carry targets with a few % of margin, and the
+  // 7 rounds (5 with --quick): the T = 8192 8x8 rows carry targets with a few % of margin, and the
   // median of 3 paired rounds on a VM with +-5-10% run-to-run noise put the forward at 1.34-1.39
-  // in three sweeps while fifteen 9-round runs measured 1.37-1.49.
-  const int reps = o.reps > 0 ? o.reps : (o.smoke ? 1 : 5);
+  // in three sweeps while 9-round runs measured 1.37-1.49.
+  const TimingPlan plan = bench_timing_plan(o.reps, o.quick, o.smoke, kGroupBudgetS);
   fmt::print("T: {}; splits: {}; ours = strata.mlr (layout bhsd, causal, fp32), {} heads, d = d_v = {}; "
-             "torch.mlr_blockwise up to T = {} (its backward: {}); {} timed rounds per group\n",
-             fmt::join(sel, ", "), splits.size(), o.heads, kHeadDim, o.ref_max_seq, o.ref_bwd_max_seq, reps);
+             "torch.mlr_blockwise up to T = {} (its backward: {}); {} timed rounds per group (ABBA order)\n",
+             fmt::join(sel, ", "), splits.size(), o.heads, kHeadDim, o.ref_max_seq, o.ref_bwd_max_seq, plan.reps);
   print_peer_table_header();
   for (int64_t T : sel)
     for (const Split& s : splits) {
-      run_config(rep, o.heads, T, s, reps, o.ref_max_seq, o.ref_bwd_max_seq);
+      run_config(rep, o.heads, T, s, plan, o.ref_max_seq, o.ref_bwd_max_seq);
       if (!o.json.empty()) write_json(rep, o.json);
     }
   if (decode) {
-    run_decode(rep, o.heads, decode_T, all_splits()[0], reps);
+    run_decode(rep, o.heads, decode_T, all_splits()[0], plan);
     if (!o.json.empty()) write_json(rep, o.json);
   }
   add_targets(rep);

@@ -2,15 +2,17 @@
 // mode, fp32, non-causal) against exact attention in the same process: torch SDPA and our dense
 // kernel (strata.flash).
 //
-// Sweep: N in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 16384; --smoke: 256, one rep),
-// batch 1, 12 heads, D = Dv = 64, steps T in {1, 2}, block size B = floor(sqrt(N)) (the paper's
-// benchmarks), M = ceil(N / B) blocks. Per N two groups, each timed round-robin after one warm-up
-// whose outputs are checked (ours for T = 1 and T = 2 and the two peers in every round):
+// Sweep: N in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 16384; --smoke: 256), 7 rounds
+// per group (--quick 5, --smoke 3), batch 1, 12 heads, D = Dv = 64, steps T in {1, 2}, block size
+// B = floor(sqrt(N)) (the paper's benchmarks), M = ceil(N / B) blocks. Per N two groups, each
+// timed by the bench harness (bench_harness.h: one warm-up, rounds in ABBA order over ours for
+// T = 1 and T = 2 and the two peers; the check reads what the last timed calls wrote):
 //   fwd  ours = monarch_attention_forward (no saved state); peers: strata.flash forward, SDPA
 //   bwd  the backward op alone: ours = monarch_attention_backward given the forward's saved state
 //        (T = 2; nothing to save for T = 1); strata.flash attention_backward from its (o, lse);
 //        SDPA: torch::autograd::grad on a graph built once (retain_graph)
-// Correctness (Monarch is an approximation, so against Monarch references): ours vs the same
+// Correctness (Monarch is an approximation, so against Monarch references), on the outputs of
+// ours' last timed call for each T: ours vs the same
 // algorithm written with torch ops (torch_monarch below, all heads; its autograd for dq, dk, dv)
 // and, for N <= 4096 (backward: N <= 2048), vs strata::reference (double, materialises N x N) on
 // head 0. fp32 tolerance 1e-4 on max|diff| / max|ref|. Informational: ours vs exact softmax
@@ -100,7 +102,8 @@ double monarch_flops(int64_t heads, int64_t N, int64_t steps, const MonarchGeome
 }
 
 // One N: the forward group and the backward group (see the file comment).
-void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list, int reps) {
+void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
+           const TimingPlan& plan) {
   at::manual_seed(20250518);
   const std::vector<int64_t> sizes{1, heads, N, kHeadDim};  // batch x heads x N x d (BHSD)
   const at::Tensor q = at::randn(sizes), k = at::randn(sizes), v = at::randn(sizes), dout = at::randn(sizes);
@@ -115,7 +118,7 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
   const MonarchGeometry g = monarch_geometry(N, opts[0]);
   const double dense_fwd = 4.0 * double(heads) * double(N) * double(N) * double(kHeadDim);
 
-  // Checks of ours (per T) on the warm-up outputs. `ours_out` = o or (dq, dk, dv).
+  // Checks of ours (per T) on the outputs of its last timed call. `ours_out` = o or (dq, dk, dv).
   const auto check = [&](size_t s, const std::vector<at::Tensor>& ours_out, bool backward, double* err,
                          std::string* against) {
     const int64_t T = steps_list[s];
@@ -155,7 +158,7 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
     std::vector<at::Tensor> states(S);
     at::Tensor o_dense, lse_dense, o_sdpa;
     std::vector<at::Tensor> g_dense, g_sdpa;
-    std::vector<std::function<void()>> fns;
+    std::vector<BenchMethod> fns;  // ours for each T, then strata.flash, torch.sdpa
     at::Tensor qg, kg, vg, o_graph;
     if (backward) {
       std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args);
@@ -172,36 +175,51 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
       }
     }
     for (size_t s = 0; s < S; ++s) {
+      const std::string name = fmt::format("strata.monarch T={}", steps_list[s]);
       if (!backward) {
-        fns.push_back([&, s] {
+        fns.push_back({name, [&, s] {
           ours_out[s] = {at::empty(sizes)};
           monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(ours_out[s][0], "o"), TensorView{},
                                     opts[s]);
-        });
+        }});
       } else {
-        fns.push_back([&, s] {
+        fns.push_back({name, [&, s] {
           ours_out[s] = {at::empty(sizes), at::empty(sizes), at::empty(sizes)};
           const TensorView state = states[s].defined() ? tv(states[s], "state") : TensorView{};
           monarch_attention_backward(tv(q, "q"), tv(k, "k"), tv(v, "v"), state, tv(dout, "dout"),
                                      tv(ours_out[s][0], "dq"), tv(ours_out[s][1], "dk"), tv(ours_out[s][2], "dv"),
                                      opts[s]);
-        });
+        }});
       }
     }
     if (!backward) {
-      fns.push_back([&] { std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args); });
-      fns.push_back([&] { o_sdpa = at::scaled_dot_product_attention(q, k, v); });
+      fns.push_back({"strata.flash", [&] {
+                       std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args);
+                     }});
+      fns.push_back({"torch.sdpa", [&] { o_sdpa = at::scaled_dot_product_attention(q, k, v); }});
     } else {
-      fns.push_back([&] {
-        const auto [a, b, c] = strata::torch::attention_backward(q, k, v, o_dense, lse_dense, dout, dense_args);
-        g_dense = {a, b, c};
-      });
-      fns.push_back([&] { g_sdpa = ::torch::autograd::grad({o_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true); });
+      fns.push_back({"strata.flash", [&] {
+                       const auto [a, b, c] =
+                           strata::torch::attention_backward(q, k, v, o_dense, lse_dense, dout, dense_args);
+                       g_dense = {a, b, c};
+                     }});
+      fns.push_back({"torch.sdpa", [&] {
+                       g_sdpa = ::torch::autograd::grad({o_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true);
+                     }});
     }
+    // The test hook perturbs the named output of ours for every T.
+    const std::vector<std::string> out_names =
+        backward ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
+    const CorruptFn corrupt = [&](const std::string& name) {
+      const auto it = std::find(out_names.begin(), out_names.end(), name);
+      if (it == out_names.end()) return false;
+      for (size_t s = 0; s < S; ++s) perturb_for_test(ours_out[s][size_t(it - out_names.begin())]);
+      return true;
+    };
     std::vector<double> err(S);
     std::vector<std::string> against(S);
     std::vector<double> exact_err(S);
-    const auto secs = warm_check_time(fns, reps, kGroupBudgetS, [&] {
+    const auto check_all = [&] {
       for (size_t s = 0; s < S; ++s) {
         check(s, ours_out[s], backward, &err[s], &against[s]);
         exact_err[s] = 0;
@@ -209,7 +227,8 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
         for (size_t i = 0; backward && i < 3; ++i)
           exact_err[s] = std::max(exact_err[s], max_rel_err(ours_out[s][i], g_sdpa[i]));
       }
-    });
+    };
+    const auto secs = run_timed_group(fns, plan, check_all, corrupt).secs;
 
     const char* peers[] = {"strata.flash", "torch.sdpa"};
     for (size_t s = 0; s < S; ++s) {
@@ -234,12 +253,12 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
         row.peer_flops = mult * dense_fwd;
         set_row_times(row, secs[s], secs[S + p]);
         row.extra = {{"block_size", g.block_size},          {"num_blocks", g.num_blocks},
-                     {"ideal_mac_ratio", ideal},            {"fraction_of_ideal", row.speedup / ideal},
+                     {"ideal_mac_ratio", ideal},            {"fraction_of_ideal", row.speedup.median / ideal},
                      {"rel_err_vs_exact_softmax", exact_err[s]}};
         rep.rows.push_back(std::move(row));
         print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
                              fmt::format("ideal {:.1f}x, {:.2f} of it; vs exact {:.1e}", ideal,
-                                         rep.rows.back().speedup / ideal, exact_err[s]));
+                                         rep.rows.back().speedup.median / ideal, exact_err[s]));
       }
     }
   }
@@ -253,14 +272,14 @@ CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o) {
       "MonarchAttention (fp32, T = 1, 2 steps, B = floor(sqrt(N))) vs exact attention: torch SDPA\n"
       "and our dense kernel; forward and backward");
   cmd->add_flag("--quick", o.quick, "N 1024/4096/16384");
-  cmd->add_flag("--smoke", o.smoke, "N = 256 only, one rep (for tests)");
+  cmd->add_flag("--smoke", o.smoke, "N = 256 only, 3 rounds (for tests)");
   cmd->add_option("--seq", o.seq, "keep only these N (repeatable)")->type_name("N");
   cmd->add_option("--steps", o.steps, "keep only these step counts T (repeatable; default 1 and 2)")
       ->check(CLI::Range(1, 16));
   cmd->add_option("--heads", o.heads, "heads (default 12)")->check(CLI::Range(1, 1024));
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
-                           "timed rounds per group after one warm-up (default 5, 3 with --quick, 1 with --smoke;\n"
-                           "groups over 20 s use fewer, never under 3)");
+                           "timed rounds per group (ABBA order) after one warm-up (default 7, 5 with --quick,\n"
+                           "3 with --smoke; more rounds are cut back on groups over 20 s, never under those)");
   return cmd;
 }
 
@@ -283,21 +302,21 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
   std::fflush(stdout);
   BenchReport rep = new_report("monarch", threads);
   print_preamble(rep);
-  const int reps = o.reps > 0 ? o.reps : (o.smoke ? 1 : o.quick ? 3 : 5);
+  const TimingPlan plan = bench_timing_plan(o.reps, o.quick, o.smoke, kGroupBudgetS);
   fmt::print("N: {}; T: {}; ours = strata.monarch (stable mode, layout bhsd, fp32), {} heads, D = {}, "
              "B = floor(sqrt(N)); peers: strata.flash and torch.sdpa (exact, non-causal); {} timed rounds per "
-             "group\n",
-             fmt::join(sel, ", "), fmt::join(steps, ", "), o.heads, kHeadDim, reps);
+             "group (ABBA order)\n",
+             fmt::join(sel, ", "), fmt::join(steps, ", "), o.heads, kHeadDim, plan.reps);
   print_peer_table_header();
   for (int64_t n : sel) {
-    run_n(rep, o.heads, n, steps, reps);
+    run_n(rep, o.heads, n, steps, plan);
     if (!o.json.empty()) write_json(rep, o.json);
   }
   const auto speedup_at = [&](int64_t n) -> std::optional<double> {
     for (const BenchRow& r : rep.rows)
       if (r.case_name == "fwd" && r.peer == "torch.sdpa" && r.shape.value("seq", int64_t(0)) == n &&
           r.shape.value("steps", int64_t(0)) == 1)
-        return r.speedup;
+        return r.speedup.median;
     return std::nullopt;
   };
   rep.targets.push_back({"fwd T=1 N=4096: speedup vs torch.sdpa", 10.0, speedup_at(4096)});

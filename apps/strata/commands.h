@@ -25,7 +25,7 @@ struct BenchAttentionOptions {
   bool quick = false;
   std::string json, csv;  // "" = do not write
   int threads = 0;        // 0: default
-  int reps = 0;           // 0: 5 (3 with --quick)
+  int reps = 0;           // 0: 7 (5 with --quick)
   // Row filters (empty: all rows of the sweep).
   std::vector<int64_t> seq, head_dim;
   std::vector<std::string> dtype, pass;
@@ -37,7 +37,7 @@ struct BenchMlrOptions {
   bool quick = false, smoke = false;
   std::string json, csv;       // "" = do not write
   int threads = 0;             // 0: default
-  int reps = 0;                // 0: 5 (also with --quick; 1 with --smoke)
+  int reps = 0;                // 0: 7 (5 with --quick, 3 with --smoke)
   int64_t heads = 8;
   int64_t ref_max_seq = 4096;      // largest T for the reference-construction peer
   int64_t ref_bwd_max_seq = 4096;  // and for its autograd backward
@@ -51,7 +51,7 @@ struct BenchMonarchOptions {
   bool quick = false, smoke = false;
   std::string json, csv;
   int threads = 0;
-  int reps = 0;                     // 0: 5 (3 with --quick, 1 with --smoke)
+  int reps = 0;                     // 0: 7 (5 with --quick, 3 with --smoke)
   int64_t heads = 12;
   std::vector<int64_t> seq, steps;  // filters (empty: all N; T = 1 and 2)
 };

@@ -1,4 +1,4 @@
-// apps/strata/report.cpp: result schema -> JSON / CSV / table; interleaved timing.
+// apps/strata/report.cpp: result schema -> JSON / CSV / table.
 #include "report.h"
 
 #include <fmt/core.h>
@@ -16,45 +16,6 @@
 #include "strata/error.h"
 
 namespace strata::app {
-
-double median(std::vector<double> xs) {
-  STRATA_CHECK(!xs.empty(), "median: argument 'xs': expected a non-empty list, got an empty one");
-  std::sort(xs.begin(), xs.end());
-  const size_t n = xs.size();
-  return n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
-}
-
-TimeStats time_stats(std::vector<double> secs) {
-  STRATA_CHECK(!secs.empty(), "time_stats: argument 'secs': expected a non-empty list, got an empty one");
-  TimeStats t;
-  t.reps = int(secs.size());
-  t.min_s = *std::min_element(secs.begin(), secs.end());
-  t.max_s = *std::max_element(secs.begin(), secs.end());
-  t.median_s = median(std::move(secs));
-  return t;
-}
-
-std::vector<std::vector<double>> time_round_robin(const std::vector<std::function<void()>>& fns, int reps) {
-  std::vector<std::vector<double>> t(fns.size());
-  for (int r = 0; r < reps; ++r)
-    for (size_t i = 0; i < fns.size(); ++i) t[i].push_back(time_once(fns[i]));
-  return t;
-}
-
-double time_once(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-PairTimes time_interleaved(const std::function<void()>& a, const std::function<void()>& b, int reps) {
-  PairTimes t;
-  for (int r = 0; r < reps; ++r) {
-    t.a.push_back(time_once(a));
-    t.b.push_back(time_once(b));
-  }
-  return t;
-}
 
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
@@ -113,7 +74,11 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
     else o["max_rel_err"] = nullptr;
     o["median_s"] = row.ours.median_s;
     o["peer_median_s"] = row.peer_time.median_s;
-    o["speedup_vs_peer"] = row.speedup;
+    o["speedup_vs_peer"] = row.speedup.median;
+    o["speedup_min"] = row.speedup.min;
+    o["speedup_max"] = row.speedup.max;
+    o["speedup_q1"] = row.speedup.q1;
+    o["speedup_q3"] = row.speedup.q3;
     o["gflops"] = gf;
     o["pct_of_peak"] = r.peak.all_gflops > 0 ? 100.0 * gf / r.peak.all_gflops : 0.0;
     o["min_s"] = row.ours.min_s;
@@ -176,7 +141,8 @@ void write_csv(const BenchReport& r, const std::string& path) {
   std::ofstream f = open_for_write(path, "write_csv");
   const nlohmann::ordered_json j = to_json(r);
   f << "case,method,peer,shape,dtype,correct,max_rel_err,median_s,peer_median_s,speedup_vs_peer,"
-       "gflops,pct_of_peak,min_s,max_s,peer_min_s,peer_max_s,reps,flops,peer_gflops,tolerance,checked_against,"
+       "speedup_min,speedup_max,speedup_q1,speedup_q3,gflops,pct_of_peak,min_s,max_s,peer_min_s,peer_max_s,"
+       "reps,flops,peer_gflops,tolerance,checked_against,"
        "ref_max_rel_err,peer_ref_max_rel_err\n";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const auto& o = j["rows"][i];
@@ -184,7 +150,8 @@ void write_csv(const BenchReport& r, const std::string& path) {
     f << o["case"].get<std::string>() << ',' << o["method"].get<std::string>() << ','
       << o["peer"].get<std::string>() << ',' << r.rows[i].shape_label << ','
       << o["dtype"].get<std::string>() << ',' << (r.rows[i].correct ? "true" : "false");
-    for (const char* k : {"max_rel_err", "median_s", "peer_median_s", "speedup_vs_peer", "gflops",
+    for (const char* k : {"max_rel_err", "median_s", "peer_median_s", "speedup_vs_peer", "speedup_min",
+                          "speedup_max", "speedup_q1", "speedup_q3", "gflops",
                           "pct_of_peak", "min_s", "max_s", "peer_min_s", "peer_max_s", "reps", "flops",
                           "peer_gflops", "tolerance"})
       f << ',' << num(k);
@@ -214,21 +181,24 @@ void print_preamble(const BenchReport& r) {
   warn_if_busy(r.peak);
 }
 
+std::string speedup_range(const RatioStats& s) { return fmt::format("{:.2f}-{:.2f}", s.min, s.max); }
+
 void print_table_header() {
-  fmt::print("(rel_err: max|ours - ref| / max|ref| over the outputs, ref = the peer, or the reference the row\n"
-             " names in the JSON's checked_against; ok: rel_err under the dtype's tolerance)\n");
-  fmt::print("{:<15} {:<9} {:<24} {:<4} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6} {:>9}\n", "case", "dtype",
-             "shape", "ok", "rel_err", "ours ms", "peer ms", "speedup", "GFLOP/s", "%peak", "peer GF/s");
-  fmt::print("{}\n", std::string(15 + 9 + 24 + 4 + 8 + 10 + 10 + 8 + 8 + 6 + 9 + 10, '-'));
+  fmt::print("(rel_err: max|ours - ref| / max|ref| over the outputs of the last timed call, ref = the peer, or\n"
+             " the reference the row names in the JSON's checked_against; ok: rel_err under the dtype's tolerance;\n"
+             " speedup: median of the per-round peer / ours ratios, range: their min-max)\n");
+  fmt::print("{:<15} {:<9} {:<24} {:<4} {:>8} {:>10} {:>10} {:>8} {:>11} {:>8} {:>6} {:>9}\n", "case", "dtype",
+             "shape", "ok", "rel_err", "ours ms", "peer ms", "speedup", "range", "GFLOP/s", "%peak", "peer GF/s");
+  fmt::print("{}\n", std::string(15 + 9 + 24 + 4 + 8 + 10 + 10 + 8 + 11 + 8 + 6 + 9 + 11, '-'));
   std::fflush(stdout);
 }
 
 void print_table_row(const BenchRow& row, double peak_gflops) {
   const double gf = row_gflops(row, false);
-  fmt::print("{:<15} {:<9} {:<24} {:<4} {:>8.1e} {:>10.2f} {:>10.2f} {:>7.2f}x {:>8.1f} {:>6.1f} {:>9.1f}\n",
+  fmt::print("{:<15} {:<9} {:<24} {:<4} {:>8.1e} {:>10.2f} {:>10.2f} {:>7.2f}x {:>11} {:>8.1f} {:>6.1f} {:>9.1f}\n",
              row.case_name, row.dtype, row.shape_label, row.correct ? "yes" : "NO",
-             row.ref_max_rel_err ? *row.ref_max_rel_err : row.max_rel_err,
-             row.ours.median_s * 1e3, row.peer_time.median_s * 1e3, row.speedup, gf,
+             row.ref_max_rel_err ? *row.ref_max_rel_err : row.max_rel_err, row.ours.median_s * 1e3,
+             row.peer_time.median_s * 1e3, row.speedup.median, speedup_range(row.speedup), gf,
              peak_gflops > 0 ? 100.0 * gf / peak_gflops : 0.0, row_gflops(row, true));
   std::fflush(stdout);
 }

@@ -1,11 +1,12 @@
 // apps/strata/report.h: the benchmark result schema shared by every `strata bench ...` and the
-// demo, its JSON / CSV writers, the readable table, and interleaved timing.
+// demo, its JSON / CSV writers and the readable table (timing: bench_harness.h).
 //
 // JSON: {"bench", "peak_gflops" (all-thread fp32 FMA peak; `bench` keeps the higher of the
 //        measurements at its start and end), "peak_gflops_per_core", "peak_isa",
 //        "threads", "cpu" (strata::cpu_summary()), "cpu_model", "torch_version", "date",
 //        "rows": [{"case", "method", "peer", "shape" (object), "dtype", "correct", "max_rel_err",
-//                  "median_s", "peer_median_s", "speedup_vs_peer", "gflops", "pct_of_peak",
+//                  "median_s", "peer_median_s", "speedup_vs_peer", "speedup_min", "speedup_max",
+//                  "speedup_q1", "speedup_q3", "gflops", "pct_of_peak",
 //                  "min_s", "max_s", "peer_min_s", "peer_max_s", "reps", "flops", "peer_gflops",
 //                  "tolerance", "checked_against", "ref_max_rel_err", "peer_ref_max_rel_err",
 //                  optional: "peer_flops", and the row's `extra` fields}],
@@ -17,8 +18,10 @@
 // peer_flops: the peer's own FLOPs when it does different work (a dense baseline), else absent
 // (= flops); peer_gflops uses it. extra: bench-specific numbers (e.g. "flop_ratio_total"),
 // written as further fields of the row.
-// speedup_vs_peer is the median over repetitions of peer_time / our_time, each pair measured
-// back to back (A B A B ...), so slow drift of a shared machine cancels.
+// speedup_vs_peer is the median over the timed rounds of peer_time / our_time, each pair measured
+// in the same round (ABBA order, bench_harness.h), so slow drift of a shared machine cancels;
+// speedup_min / speedup_max / speedup_q1 / speedup_q3 are the min, max and quartiles of those
+// per-round ratios (speedup_min <= speedup_vs_peer <= speedup_max).
 #pragma once
 #include <functional>
 #include <optional>
@@ -27,34 +30,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_harness.h"
 #include "peak.h"
 
 namespace strata::app {
-
-struct TimeStats {
-  double median_s = 0, min_s = 0, max_s = 0;
-  int reps = 0;
-};
-
-// Median / min / max of `secs` (non-empty).
-TimeStats time_stats(std::vector<double> secs);
-
-// Median of `xs` (non-empty).
-double median(std::vector<double> xs);
-
-struct PairTimes {
-  std::vector<double> a, b;  // seconds per repetition
-};
-
-// Times a and b interleaved (a b a b ...), `reps` times each, no warm-up (the caller warms up).
-PairTimes time_interleaved(const std::function<void()>& a, const std::function<void()>& b, int reps);
-
-// Times fns round-robin (f0 f1 ... f0 f1 ...), `reps` rounds, no warm-up; result[i][r] = seconds
-// of fns[i] in round r.
-std::vector<std::vector<double>> time_round_robin(const std::vector<std::function<void()>>& fns, int reps);
-
-// Wall-clock seconds of one call of fn.
-double time_once(const std::function<void()>& fn);
 
 struct BenchRow {
   std::string case_name;          // what is computed, e.g. "fwd causal"
@@ -71,7 +50,7 @@ struct BenchRow {
   double flops = 0;               // by the conventions of shared/design/performance.md
   std::optional<double> peer_flops;  // the peer's FLOPs when it does other work than ours
   TimeStats ours, peer_time;
-  double speedup = 0;             // median of paired peer/ours ratios
+  RatioStats speedup;             // paired peer/ours ratios: median (the row's speedup), min, max, quartiles
   nlohmann::ordered_json extra;   // object of further fields (null: none)
 };
 
@@ -115,6 +94,9 @@ void warn_if_busy(const FmaPeak& p);
 
 // Prints the report's preamble (machine, threads, peak, torch) to stdout.
 void print_preamble(const BenchReport& r);
+
+// "1.36-1.45": the min-max range of a row's paired ratios, for the tables.
+std::string speedup_range(const RatioStats& s);
 
 // Prints the table header line(s) to stdout.
 void print_table_header();
