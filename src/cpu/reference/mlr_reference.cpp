@@ -195,12 +195,16 @@ void softmax_rows(std::vector<double>& S, int64_t nq, int64_t nk, double* lse) {
 // o (B, Nq, Hq, Dv) for one (b, h) from P.
 void apply_v(const Problem& P, int64_t b, int64_t h, const std::vector<double>& prob, double* o) {
   const int64_t hk = P.kv_head(h);
-  for (int64_t i = 0; i < P.Nq; ++i)
-    for (int64_t d = 0; d < P.Dv; ++d) {
-      double acc = 0;
-      for (int64_t j = 0; j < P.Nk; ++j) acc += prob[size_t(i * P.Nk + j)] * P.v.row(b, j, hk)[d];
-      o[((b * P.Nq + i) * P.Hq + h) * P.Dv + d] = acc;
+  std::vector<double> acc(size_t(P.Dv));
+  for (int64_t i = 0; i < P.Nq; ++i) {  // (i, j, d): V rows read contiguously
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < P.Nk; ++j) {
+      const double pij = prob[size_t(i * P.Nk + j)];  // (no skip of 0: 0 * NaN in V is NaN, as in the kernel)
+      const double* vj = P.v.row(b, j, hk);
+      for (int64_t d = 0; d < P.Dv; ++d) acc[size_t(d)] += pij * vj[d];
     }
+    std::copy(acc.begin(), acc.end(), o + ((b * P.Nq + i) * P.Hq + h) * P.Dv);
+  }
 }
 
 // dS (gradient wrt the logits) of one (b, h) in place of prob's copy; also accumulates dv.
