@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "strata/checks.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -46,6 +47,11 @@ struct AttentionOptions {
   TensorView key_padding_mask;  // optional: batch x seqlen_k, uint8, nonzero = attend
   TensorView bias;              // optional: 4-D, broadcastable to batch x heads_q x seqlen_q x seqlen_k
 };
+
+// Throws strata::Error naming the option unless opt fits a call of sizes d (strata/checks.h):
+// scale finite (or NaN), windows >= -1, num_global >= 0, key_padding_mask [batch, seq_k] uint8,
+// bias broadcastable to [batch, heads_q, seq_q, seq_k] of float32 or q's dtype.
+void validate(const char* where, const AttentionOptions& opt, const AttnDims& d);
 
 // Forward: writes o and lse.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

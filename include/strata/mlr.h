@@ -66,6 +66,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "strata/checks.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -105,6 +106,13 @@ inline MlrOptions mlr_options(std::initializer_list<int64_t> ranks) {
   }
   return o;
 }
+
+// Throws strata::Error naming the option unless opt fits a call of sizes d (strata/checks.h):
+// levels 1..16, ranks >= 1 summing to head_dim, block sizes or context, segment lists, scale.
+void validate(const char* where, const MlrOptions& opt, const AttnDims& d);
+
+// c_l of level l (0-based): 1/r_l or 1/sqrt(head_dim), times 1/L with divide_by_num_levels.
+double mlr_level_scale(const MlrOptions& opt, int l, int64_t head_dim);
 
 // Forward: writes o and lse.
 void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

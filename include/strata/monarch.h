@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "strata/checks.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -103,6 +104,10 @@ struct MonarchGeometry {
 };
 // Throws strata::Error for seqlen < 0 or block_size < 0.
 MonarchGeometry monarch_geometry(int64_t seqlen, const MonarchOptions& opt);
+
+// Throws strata::Error naming the option unless opt fits a call of sizes d (strata/checks.h):
+// self-attention (seq_k = seq_q), num_steps >= 1, mode, pad, scale, block_size >= 0, key padding.
+void validate(const char* where, const MonarchOptions& opt, const AttnDims& d);
 
 // Forward: writes o, and state when it is defined (pass TensorView{} to skip it).
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

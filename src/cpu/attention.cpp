@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cpu/attention_params.h"
-#include "cpu/views.h"
+#include "cpu/views.h"  // strided
 #include "strata/cpu.h"
 #include "strata/threading.h"
 
@@ -16,59 +16,56 @@ namespace strata {
 namespace {
 
 using cpu::DenseAttnParams;
-using cpu::Strided4;
-using cpu::Dims4;
-using cpu::check_4d;
-using cpu::check_shape;
-using cpu::dims;
-using cpu::dims_str;
-using cpu::layout_str;
 using cpu::strided;
 
+}  // namespace
 
-// Validates every forward argument and fills the kernel params (o/lse included).
-DenseAttnParams make_params(const char* where, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& o, const TensorView& lse,
-                            const AttentionOptions& opt) {
-  STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
-  STRATA_CHECK_ARG(q.dtype == DType::f32 || q.dtype == DType::bf16, where, "q",
-                   "dtype float32 or bfloat16", dtype_name(q.dtype));
-  const Layout L = opt.layout;
-  check_4d(where, "q", q, q.dtype, L);
-  check_4d(where, "k", k, q.dtype, L);
-  check_4d(where, "v", v, q.dtype, L);
-  check_4d(where, "o", o, q.dtype, L);
-  const Dims4 dq = dims(q, L), dk = dims(k, L), dv = dims(v, L);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  check_shape(where, "k", dk, {dq.b, dk.s, dk.h, dq.d}, "(batch and head_dim of q)");
-  check_shape(where, "v", dv, {dq.b, dk.s, dk.h, dv.d}, "(batch of q, seq and heads of k)");
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
-  check_shape(where, "o", dims(o, L), {dq.b, dq.s, dq.h, dv.d}, "(q's batch, seq, heads; v's head_dim)");
-  STRATA_CHECK_ARG(lse.ndim == 3 && lse.shape[0] == dq.b && lse.shape[1] == dq.h && lse.shape[2] == dq.s,
-                   where, "lse", detail::cat("shape [", dq.b, ", ", dq.h, ", ", dq.s, "] (batch, heads_q, seq_q)"),
-                   lse.shape_str());
-  STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
-  STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
+void validate(const char* where, const AttentionOptions& opt, const AttnDims& d) {
   STRATA_CHECK_ARG(std::isnan(opt.scale) || std::isfinite(opt.scale), where, "scale",
                    "a finite number (or NaN for 1/sqrt(head_dim))", opt.scale);
   STRATA_CHECK_ARG(opt.window_left >= -1, where, "window_left", ">= 0, or -1 for unbounded", opt.window_left);
   STRATA_CHECK_ARG(opt.window_right >= -1, where, "window_right", ">= 0, or -1 for unbounded", opt.window_right);
   STRATA_CHECK_ARG(opt.num_global >= 0, where, "num_global", ">= 0", opt.num_global);
-  cpu::check_seq_len(where, "q", dq.s);
-  cpu::check_seq_len(where, "k", dk.s);
+  check_key_padding_mask(where, opt.key_padding_mask, d.batch, d.seqlen_k);
+  const TensorView& bias = opt.bias;
+  if (given(bias)) {
+    const int64_t want[4] = {d.batch, d.heads_q, d.seqlen_q, d.seqlen_k};
+    bool ok = bias.ndim == 4;
+    for (int i = 0; ok && i < 4; ++i) ok = bias.shape[i] == want[i] || bias.shape[i] == 1;
+    STRATA_CHECK_ARG(ok, where, "bias",
+                     detail::cat("4-D, broadcastable to [", want[0], ", ", want[1], ", ", want[2], ", ", want[3],
+                                 "] (batch, heads_q, seq_q, seq_k)"),
+                     bias.shape_str());
+    const bool dtype_ok = bias.dtype == DType::f32 || bias.dtype == d.dtype;
+    STRATA_CHECK_ARG(dtype_ok, where, "bias",
+                     d.dtype == DType::f32 ? std::string("dtype float32")
+                                           : detail::cat("dtype float32 or ", dtype_name(d.dtype)),
+                     dtype_name(bias.dtype));
+    STRATA_CHECK_ARG(bias.data != nullptr || bias.numel() == 0, where, "bias", "a non-null data pointer", "null");
+  }
+}
+
+namespace {
+
+// Validates every forward argument and fills the kernel params (o/lse included).
+DenseAttnParams make_params(const char* where, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const TensorView& o, const TensorView& lse,
+                            const AttentionOptions& opt) {
+  const Layout L = opt.layout;
+  const AttnDims d = check_qkv(where, q, k, v, L, kKernelDTypes);
+  check_out(where, o, L, d);
+  check_lse(where, lse, d);
+  validate(where, opt, d);
 
   DenseAttnParams p;
-  p.dtype = q.dtype;
-  p.batch = dq.b;
-  p.seqlen_q = dq.s;
-  p.seqlen_k = dk.s;
-  p.heads_q = dq.h;
-  p.heads_kv = dk.h;
-  p.head_dim = dq.d;
-  p.head_dim_v = dv.d;
+  p.dtype = d.dtype;
+  p.batch = d.batch;
+  p.seqlen_q = d.seqlen_q;
+  p.seqlen_k = d.seqlen_k;
+  p.heads_q = d.heads_q;
+  p.heads_kv = d.heads_kv;
+  p.head_dim = d.head_dim;
+  p.head_dim_v = d.head_dim_v;
   p.q = strided(q, L);
   p.k = strided(k, L);
   p.v = strided(v, L);
@@ -77,34 +74,20 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   p.lse_sb = lse.stride[0];
   p.lse_sh = lse.stride[1];
   p.lse_ss = lse.stride[2];
-  p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(dq.d))) : opt.scale;
+  p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(d.head_dim))) : opt.scale;
   p.causal = opt.causal;
   p.window_left = opt.window_left;
   p.window_right = opt.window_right;
   p.num_global = opt.num_global;
 
   const TensorView& m = opt.key_padding_mask;
-  if (m.data != nullptr || m.ndim != 0) {
-    STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dk.s, where, "key_padding_mask",
-                     detail::cat("shape [", dq.b, ", ", dk.s, "] (batch, seq_k)"), m.shape_str());
-    STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
-    STRATA_CHECK_ARG(m.data != nullptr || m.numel() == 0, where, "key_padding_mask", "a non-null data pointer", "null");
+  if (given(m)) {
     p.key_padding_mask = static_cast<const uint8_t*>(m.data);
     p.kpm_sb = m.stride[0];
     p.kpm_ss = m.stride[1];
   }
   const TensorView& bias = opt.bias;
-  if (bias.data != nullptr || bias.ndim != 0) {
-    const int64_t want[4] = {dq.b, dq.h, dq.s, dk.s};
-    bool ok = bias.ndim == 4;
-    for (int i = 0; ok && i < 4; ++i) ok = bias.shape[i] == want[i] || bias.shape[i] == 1;
-    STRATA_CHECK_ARG(ok, where, "bias",
-                     detail::cat("4-D, broadcastable to [", want[0], ", ", want[1], ", ", want[2], ", ", want[3],
-                                 "] (batch, heads_q, seq_q, seq_k)"),
-                     bias.shape_str());
-    STRATA_CHECK_ARG(bias.dtype == DType::f32 || bias.dtype == q.dtype, where, "bias",
-                     detail::cat("dtype float32 or ", dtype_name(q.dtype)), dtype_name(bias.dtype));
-    STRATA_CHECK_ARG(bias.data != nullptr || bias.numel() == 0, where, "bias", "a non-null data pointer", "null");
+  if (given(bias)) {
     p.bias = bias.data;
     p.bias_dtype = bias.dtype;
     int64_t* s[4] = {&p.bias_sb, &p.bias_sh, &p.bias_sq, &p.bias_sk};
@@ -130,14 +113,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const char* where = "attention_backward";
   DenseAttnParams p = make_params(where, q, k, v, o, lse, opt);
   const Layout L = opt.layout;
-  check_4d(where, "dout", dout, q.dtype, L);
-  check_4d(where, "dq", dq, q.dtype, L);
-  check_4d(where, "dk", dk, q.dtype, L);
-  check_4d(where, "dv", dv, q.dtype, L);
-  check_shape(where, "dout", dims(dout, L), dims(o, L), "(same as o)");
-  check_shape(where, "dq", dims(dq, L), dims(q, L), "(same as q)");
-  check_shape(where, "dk", dims(dk, L), dims(k, L), "(same as k)");
-  check_shape(where, "dv", dims(dv, L), dims(v, L), "(same as v)");
+  check_grads(where, dout, dq, dk, dv, L, check_qkv(where, q, k, v, L, kKernelDTypes));
   p.dout = strided(dout, L);
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
@@ -208,10 +184,7 @@ void paper_gswa_forward(const TensorView& q, const TensorView& k, const TensorVi
   const int64_t a = opt.split_a, rest = g.D - a;
   attention_forward(dim_slice(q, 0, a), dim_slice(k, 0, a), v, o_a, lse_a, g.a);
   attention_forward(dim_slice(q, a, rest), dim_slice(k, a, rest), v, o_b, lse_b, g.b);
-  check_4d("paper_gswa_forward", "o", o, q.dtype, opt.layout);
-  STRATA_CHECK_ARG(o.shape[1] == o_a.shape[1] && o.shape[2] == o_a.shape[2] && o.shape[3] == o_a.shape[3] &&
-                       o.shape[0] == o_a.shape[0],
-                   "paper_gswa_forward", "o", detail::cat("shape ", o_a.shape_str(), " (same as o_a)"), o.shape_str());
+  check_out("paper_gswa_forward", o, opt.layout, check_qkv("paper_gswa_forward", q, k, v, opt.layout, kKernelDTypes));
   add_4d(o, o_a, o_b);
 }
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cpu/mlr_params.h"
-#include "cpu/views.h"
+#include "cpu/views.h"  // strided
 #include "strata/attention.h"  // the dense shortcut of L = 1
 #include "strata/cpu.h"
 
@@ -16,58 +16,29 @@ namespace {
 
 using cpu::MlrLevels;
 using cpu::MlrParams;
-using cpu::Strided4;
-using cpu::Dims4;
-using cpu::check_4d;
-using cpu::check_shape;
-using cpu::dims;
-using cpu::dims_str;
-using cpu::layout_str;
 using cpu::strided;
-
-
 
 std::string indexed(const char* name, int i) { return detail::cat(name, "[", i, "]"); }
 
 // Validates every forward argument and fills the kernel params (o/lse included).
 MlrParams make_params(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& o, const TensorView& lse, const MlrOptions& opt) {
-  STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
-  STRATA_CHECK_ARG(q.dtype == DType::f32 || q.dtype == DType::bf16, where, "q", "dtype float32 or bfloat16",
-                   dtype_name(q.dtype));
   const Layout L = opt.layout;
-  STRATA_CHECK_ARG(L == Layout::BSHD || L == Layout::BHSD, where, "layout", "BSHD or BHSD", int(L));
-  check_4d(where, "q", q, q.dtype, L);
-  check_4d(where, "k", k, q.dtype, L);
-  check_4d(where, "v", v, q.dtype, L);
-  check_4d(where, "o", o, q.dtype, L);
-  const Dims4 dq = dims(q, L), dk = dims(k, L), dv = dims(v, L);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  check_shape(where, "k", dk, {dq.b, dk.s, dk.h, dq.d}, "(batch and head_dim of q)");
-  check_shape(where, "v", dv, {dq.b, dk.s, dk.h, dv.d}, "(batch of q, seq and heads of k)");
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
-  check_shape(where, "o", dims(o, L), {dq.b, dq.s, dq.h, dv.d}, "(q's batch, seq, heads; v's head_dim)");
-  STRATA_CHECK_ARG(lse.ndim == 3 && lse.shape[0] == dq.b && lse.shape[1] == dq.h && lse.shape[2] == dq.s, where,
-                   "lse", detail::cat("shape [", dq.b, ", ", dq.h, ", ", dq.s, "] (batch, heads_q, seq_q)"),
-                   lse.shape_str());
-  STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
-  STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
-  cpu::check_seq_len(where, "q", dq.s);
-  cpu::check_seq_len(where, "k", dk.s);
+  const AttnDims d = check_qkv(where, q, k, v, L, kKernelDTypes);
+  check_out(where, o, L, d);
+  check_lse(where, lse, d);
+  validate(where, opt, d);
 
   MlrParams p;
-  p.lv = cpu::resolve_mlr_levels(where, opt, dq.d, dk.s, dq.b);
-  p.dtype = q.dtype;
-  p.batch = dq.b;
-  p.seqlen_q = dq.s;
-  p.seqlen_k = dk.s;
-  p.heads_q = dq.h;
-  p.heads_kv = dk.h;
-  p.head_dim = dq.d;
-  p.head_dim_v = dv.d;
+  p.lv = cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);
+  p.dtype = d.dtype;
+  p.batch = d.batch;
+  p.seqlen_q = d.seqlen_q;
+  p.seqlen_k = d.seqlen_k;
+  p.heads_q = d.heads_q;
+  p.heads_kv = d.heads_kv;
+  p.head_dim = d.head_dim;
+  p.head_dim_v = d.head_dim_v;
   p.q = strided(q, L);
   p.k = strided(k, L);
   p.v = strided(v, L);
@@ -76,13 +47,7 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   p.lse_sb = lse.stride[0];
   p.lse_sh = lse.stride[1];
   p.lse_ss = lse.stride[2];
-  STRATA_CHECK_ARG(opt.scale == MlrScale::inv_rank || opt.scale == MlrScale::inv_sqrt_head_dim, where, "scale",
-                   "inv_rank or inv_sqrt_head_dim", int(opt.scale));
-  for (int l = 0; l < opt.num_levels; ++l) {
-    double c = opt.scale == MlrScale::inv_sqrt_head_dim ? 1.0 / std::sqrt(double(dq.d)) : 1.0 / double(opt.ranks[l]);
-    if (opt.divide_by_num_levels) c /= opt.num_levels;
-    p.level_scale[l] = float(c);
-  }
+  for (int l = 0; l < opt.num_levels; ++l) p.level_scale[l] = float(mlr_level_scale(opt, l, d.head_dim));
   p.level_average = opt.level_average;
   p.mask_cross_segment = opt.mask_cross_segment;
   p.causal = opt.causal;
@@ -93,6 +58,17 @@ void run_forward(const MlrParams& p) { STRATA_ACTIVE_KERNELS(kMlrKernels).forwar
 void run_backward(const MlrParams& p) { STRATA_ACTIVE_KERNELS(kMlrKernels).backward(p); }
 
 }  // namespace
+
+double mlr_level_scale(const MlrOptions& opt, int l, int64_t head_dim) {
+  double c = opt.scale == MlrScale::inv_sqrt_head_dim ? 1.0 / std::sqrt(double(head_dim)) : 1.0 / double(opt.ranks[l]);
+  return opt.divide_by_num_levels ? c / opt.num_levels : c;
+}
+
+void validate(const char* where, const MlrOptions& opt, const AttnDims& d) {
+  STRATA_CHECK_ARG(opt.scale == MlrScale::inv_rank || opt.scale == MlrScale::inv_sqrt_head_dim, where, "scale",
+                   "inv_rank or inv_sqrt_head_dim", int(opt.scale));
+  cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);
+}
 
 namespace cpu {
 
@@ -236,14 +212,7 @@ void backward(const TensorView& q, const TensorView& k, const TensorView& v, con
   const char* where = "mlr_attention_backward";
   MlrParams p = make_params(where, q, k, v, o, lse, opt);
   const Layout L = opt.layout;
-  check_4d(where, "dout", dout, q.dtype, L);
-  check_4d(where, "dq", dq, q.dtype, L);
-  check_4d(where, "dk", dk, q.dtype, L);
-  check_4d(where, "dv", dv, q.dtype, L);
-  check_shape(where, "dout", dims(dout, L), dims(o, L), "(same as o)");
-  check_shape(where, "dq", dims(dq, L), dims(q, L), "(same as q)");
-  check_shape(where, "dk", dims(dk, L), dims(k, L), "(same as k)");
-  check_shape(where, "dv", dims(dv, L), dims(v, L), "(same as v)");
+  check_grads(where, dout, dq, dk, dv, L, check_qkv(where, q, k, v, L, kKernelDTypes));
   p.dout = strided(dout, L);
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cpu/mlr_params.h"
+#include "cpu/views.h"
 #include "strata/cpu.h"
 #include "strata/threading.h"
 
@@ -18,30 +19,15 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-const char* layout_str(Layout l) { return l == Layout::BSHD ? "BSHD" : "BHSD"; }
-
 // Logical dims (batch, seq, head, dim) and element strides of a 4-D view.
 struct View4 {
   int64_t b, s, h, d;
   int64_t sb, ss, sh, sd;
 };
 View4 view4(const TensorView& t, Layout l) {
-  const int si = l == Layout::BSHD ? 1 : 2, hi = 3 - si;
-  return {t.shape[0], t.shape[si], t.shape[hi], t.shape[3], t.stride[0], t.stride[si], t.stride[hi], t.stride[3]};
-}
-
-void check_view(const char* where, const char* arg, const TensorView& t, Layout l, DType dtype, int64_t b,
-                int64_t s, int64_t h, int64_t d, const char* why) {
-  STRATA_CHECK_ARG(t.ndim == 4, where, arg, detail::cat("a 4-D tensor in layout ", layout_str(l)),
-                   detail::cat(t.ndim, "-D ", t.shape_str()));
-  STRATA_CHECK_ARG(t.dtype == dtype, where, arg, detail::cat("dtype ", dtype_name(dtype)), dtype_name(t.dtype));
-  STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
-  const View4 v = view4(t, l);
-  const bool ok = v.b == b && (s < 0 || v.s == s) && v.h == h && v.d == d;
-  STRATA_CHECK_ARG(ok, where, arg,
-                   detail::cat("(batch=", b, ", seq=", s < 0 ? std::string("any") : std::to_string(s), ", heads=", h,
-                               ", dim=", d, ") ", why),
-                   detail::cat("(batch=", v.b, ", seq=", v.s, ", heads=", v.h, ", dim=", v.d, ")"));
+  const cpu::Dims4 d = cpu::dims(t, l);
+  const cpu::Strided4 st = cpu::strided(t, l);
+  return {d.b, d.s, d.h, d.d, st.sb, st.ss, st.sh, st.sd};
 }
 
 // Reads n strided elements of a f32/bf16 row as fp32.
@@ -71,6 +57,13 @@ MlrKvCache::MlrKvCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int6
     D += opt.ranks[l];
     explicit_blocks |= opt.block_sizes[l] != 0;
   }
+  AttnDims d;  // the options are validated against the longest sequence the cache holds
+  d.batch = batch;
+  d.seqlen_q = d.seqlen_k = max_seqlen;
+  d.heads_q = d.heads_kv = heads_kv;
+  d.head_dim = D;
+  d.head_dim_v = head_dim_v;
+  validate(where, opt, d);
   const cpu::MlrLevels lv = cpu::resolve_mlr_levels(where, opt, D, max_seqlen, batch);
   // The default rule derives blocks from the key length of a call: a cache holding n tokens
   // would then disagree with the forward over those n tokens. Decoding needs the model's blocks.
@@ -98,9 +91,7 @@ MlrKvCache::MlrKvCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int6
     slice_.push_back(lv.rank_end[l] - lv.rank[l]);
     key_off_.push_back(off);
     off += cap_.back() * lv.rank[l];
-    double c = opt.scale == MlrScale::inv_sqrt_head_dim ? 1.0 / std::sqrt(double(D)) : 1.0 / double(lv.rank[l]);
-    if (opt.divide_by_num_levels) c /= num_levels_;
-    scale_.push_back(float(c));
+    scale_.push_back(float(mlr_level_scale(opt, l, D)));
   }
   keys_per_head_ = off;
   keys_.assign(size_t(batch * heads_kv * keys_per_head_), 0.f);
@@ -129,12 +120,12 @@ void MlrKvCache::begin_segment(int64_t b) {
 void MlrKvCache::append(const TensorView& k, const TensorView& v, const int64_t* n_new) {
   const char* where = "MlrKvCache::append";
   const Layout L = opt_.layout;
-  STRATA_CHECK_ARG(k.dtype == DType::f32 || k.dtype == DType::bf16, where, "k", "dtype float32 or bfloat16",
+  STRATA_CHECK_ARG(kKernelDTypes.has(k.dtype), where, "k", detail::cat("dtype ", kKernelDTypes.names()),
                    dtype_name(k.dtype));
-  check_view(where, "k", k, L, k.dtype, batch_, -1, heads_kv_, head_dim_, "(the cache's batch, heads_kv, head_dim)");
+  check_4d(where, "k", k, L, k.dtype, batch_, -1, heads_kv_, head_dim_, "(the cache's batch, heads_kv, head_dim)");
   const View4 kd = view4(k, L);
-  check_view(where, "v", v, L, k.dtype, batch_, kd.s, heads_kv_, head_dim_v_,
-             "(k's batch and seq; the cache's heads_kv, head_dim_v)");
+  check_4d(where, "v", v, L, k.dtype, batch_, kd.s, heads_kv_, head_dim_v_,
+           "(k's batch and seq; the cache's heads_kv, head_dim_v)");
   if (batch_ == 0) return;
   STRATA_CHECK_ARG(n_new != nullptr, where, "n_new", detail::cat("a pointer to ", batch_, " counts"), "null");
   for (int64_t b = 0; b < batch_; ++b) {
@@ -201,16 +192,19 @@ void MlrKvCache::attend(const TensorView& q, const TensorView& o, const TensorVi
   const Layout L = opt_.layout;
   STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
   const int64_t Hq = view4(q, L).h;
-  STRATA_CHECK_ARG(q.dtype == DType::f32 || q.dtype == DType::bf16, where, "q", "dtype float32 or bfloat16",
+  STRATA_CHECK_ARG(kKernelDTypes.has(q.dtype), where, "q", detail::cat("dtype ", kKernelDTypes.names()),
                    dtype_name(q.dtype));
   STRATA_CHECK_ARG(Hq >= 1 && Hq % heads_kv_ == 0, where, "q",
                    detail::cat("heads a multiple of heads_kv = ", heads_kv_), Hq);
-  check_view(where, "q", q, L, q.dtype, batch_, 1, Hq, head_dim_, "(one query per sequence)");
-  check_view(where, "o", o, L, q.dtype, batch_, 1, Hq, head_dim_v_, "(q's batch and heads; head_dim_v)");
-  STRATA_CHECK_ARG(lse.ndim == 3 && lse.shape[0] == batch_ && lse.shape[1] == Hq && lse.shape[2] == 1, where, "lse",
-                   detail::cat("shape [", batch_, ", ", Hq, ", 1]"), lse.shape_str());
-  STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
-  STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
+  check_4d(where, "q", q, L, q.dtype, batch_, 1, Hq, head_dim_, "(one query per sequence)");
+  AttnDims d;  // one query per sequence
+  d.batch = batch_;
+  d.seqlen_q = 1;
+  d.heads_q = Hq;
+  d.head_dim_v = head_dim_v_;
+  d.dtype = q.dtype;
+  check_out(where, o, L, d);
+  check_lse(where, lse, d);
   const View4 qd = view4(q, L), od = view4(o, L);
   const int64_t group = Hq / heads_kv_;
   void (*const row_fn)(const cpu::MlrDecodeRow&) = STRATA_ACTIVE_KERNELS(kMlrKernels).decode_row;

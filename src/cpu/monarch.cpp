@@ -7,84 +7,51 @@
 #include <string>
 
 #include "cpu/monarch_params.h"
-#include "cpu/views.h"
+#include "cpu/views.h"  // strided
 #include "strata/cpu.h"
 
 namespace strata {
 namespace {
 
 using cpu::MonarchParams;
-using cpu::Strided4;
-using cpu::Dims4;
-using cpu::check_4d;
-using cpu::check_shape;
-using cpu::dims;
-using cpu::dims_str;
-using cpu::layout_str;
 using cpu::strided;
 
-bool given(const TensorView& t) { return t.data != nullptr || t.ndim != 0; }
-
+// Validates q, k, v, the options and the saved state (when given); fills the kernel params but o
+// and the gradients. Returns the call's sizes in *dims.
 MonarchParams make_params(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView& state, const MonarchOptions& opt) {
-  STRATA_CHECK_ARG(q.ndim == 4, where, "q", "a 4-D tensor", detail::cat(q.ndim, "-D ", q.shape_str()));
-  STRATA_CHECK_ARG(q.dtype == DType::f32 || q.dtype == DType::bf16, where, "q", "dtype float32 or bfloat16",
-                   dtype_name(q.dtype));
-  STRATA_CHECK_ARG(opt.layout == Layout::BSHD || opt.layout == Layout::BHSD, where, "layout", "BSHD or BHSD",
-                   int(opt.layout));
+                          const TensorView& state, const MonarchOptions& opt, AttnDims* dims) {
   const Layout L = opt.layout;
-  check_4d(where, "q", q, q.dtype, L);
-  check_4d(where, "k", k, q.dtype, L);
-  check_4d(where, "v", v, q.dtype, L);
-  const Dims4 dq = dims(q, L), dk = dims(k, L), dv = dims(v, L);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  check_shape(where, "k", dk, {dq.b, dq.s, dk.h, dq.d},
-              "(batch, seq and head_dim of q: self-attention only, no cross-attention)");
-  check_shape(where, "v", dv, {dq.b, dq.s, dk.h, dv.d}, "(batch and seq of q, heads of k)");
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
-  STRATA_CHECK_ARG(opt.num_steps >= 1, where, "num_steps", ">= 1", opt.num_steps);
-  STRATA_CHECK_ARG(opt.mode == MonarchMode::stable || opt.mode == MonarchMode::reference, where, "mode",
-                   "stable or reference", int(opt.mode));
-  STRATA_CHECK_ARG(opt.pad == MonarchPad::post || opt.pad == MonarchPad::pre, where, "pad", "post or pre",
-                   int(opt.pad));
-  STRATA_CHECK_ARG(std::isnan(opt.scale) || std::isfinite(opt.scale), where, "scale",
-                   "a finite number (or NaN for 1/sqrt(head_dim))", opt.scale);
-  const MonarchGeometry g = monarch_geometry(dq.s, opt);
+  const AttnDims d = check_qkv(where, q, k, v, L, kKernelDTypes, /*self_attention=*/true);
+  validate(where, opt, d);
+  *dims = d;
+  const MonarchGeometry g = monarch_geometry(d.seqlen_q, opt);
 
   MonarchParams p;
-  p.dtype = q.dtype;
-  p.batch = dq.b;
-  p.seqlen = dq.s;
-  p.heads_q = dq.h;
-  p.heads_kv = dk.h;
-  p.head_dim = dq.d;
-  p.head_dim_v = dv.d;
+  p.dtype = d.dtype;
+  p.batch = d.batch;
+  p.seqlen = d.seqlen_q;
+  p.heads_q = d.heads_q;
+  p.heads_kv = d.heads_kv;
+  p.head_dim = d.head_dim;
+  p.head_dim_v = d.head_dim_v;
   p.block = g.block_size;
   p.nblocks = g.num_blocks;
   p.pad_front = g.pad_front;
   p.steps = opt.num_steps;
   p.stable = opt.mode == MonarchMode::stable;
-  p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(dq.d))) : opt.scale;
+  p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(d.head_dim))) : opt.scale;
   p.q = strided(q, L);
   p.k = strided(k, L);
   p.v = strided(v, L);
 
   const TensorView& m = opt.key_padding_mask;
   if (given(m)) {
-    STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dq.s, where, "key_padding_mask",
-                     detail::cat("shape [", dq.b, ", ", dq.s, "] (batch, seq)"), m.shape_str());
-    STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
-    STRATA_CHECK_ARG(m.data != nullptr || m.numel() == 0, where, "key_padding_mask", "a non-null data pointer",
-                     "null");
     p.key_padding_mask = static_cast<const uint8_t*>(m.data);
     p.kpm_sb = m.stride[0];
     p.kpm_ss = m.stride[1];
   }
   if (given(state)) {
-    const int64_t want[5] = {dq.b, dq.h, opt.num_steps - 1, g.padded_len, dq.d};
+    const int64_t want[5] = {d.batch, d.heads_q, opt.num_steps - 1, g.padded_len, d.head_dim};
     bool ok = state.ndim == 5;
     for (int i = 0; ok && i < 5; ++i) ok = state.shape[i] == want[i];
     STRATA_CHECK_ARG(ok, where, "state",
@@ -106,6 +73,20 @@ MonarchParams make_params(const char* where, const TensorView& q, const TensorVi
 }
 
 }  // namespace
+
+void validate(const char* where, const MonarchOptions& opt, const AttnDims& d) {
+  STRATA_CHECK_ARG(d.seqlen_q == d.seqlen_k, where, "k", detail::cat("seq ", d.seqlen_q, " (q's: self-attention only)"),
+                   d.seqlen_k);
+  STRATA_CHECK_ARG(opt.num_steps >= 1, where, "num_steps", ">= 1", opt.num_steps);
+  STRATA_CHECK_ARG(opt.mode == MonarchMode::stable || opt.mode == MonarchMode::reference, where, "mode",
+                   "stable or reference", int(opt.mode));
+  STRATA_CHECK_ARG(opt.pad == MonarchPad::post || opt.pad == MonarchPad::pre, where, "pad", "post or pre",
+                   int(opt.pad));
+  STRATA_CHECK_ARG(std::isnan(opt.scale) || std::isfinite(opt.scale), where, "scale",
+                   "a finite number (or NaN for 1/sqrt(head_dim))", opt.scale);
+  STRATA_CHECK_ARG(opt.block_size >= 0, where, "block_size", ">= 1, or 0 for floor(sqrt(seqlen))", opt.block_size);
+  check_key_padding_mask(where, opt.key_padding_mask, d.batch, d.seqlen_k);
+}
 
 MonarchGeometry monarch_geometry(int64_t seqlen, const MonarchOptions& opt) {
   STRATA_CHECK_ARG(seqlen >= 0, "monarch_geometry", "seqlen", ">= 0", seqlen);
@@ -129,11 +110,10 @@ MonarchGeometry monarch_geometry(int64_t seqlen, const MonarchOptions& opt) {
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& o, const TensorView& state, const MonarchOptions& opt) {
   const char* where = "monarch_attention_forward";
-  MonarchParams p = make_params(where, q, k, v, state, opt);
+  AttnDims d;
+  MonarchParams p = make_params(where, q, k, v, state, opt, &d);
   const Layout L = opt.layout;
-  check_4d(where, "o", o, q.dtype, L);
-  check_shape(where, "o", dims(o, L), {p.batch, p.seqlen, p.heads_q, p.head_dim_v},
-              "(q's batch, seq, heads; v's head_dim)");
+  check_out(where, o, L, d);
   p.o = strided(o, L);
   STRATA_ACTIVE_KERNELS(kMonarchKernels).forward(p);
 }
@@ -142,17 +122,10 @@ void monarch_attention_backward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& state, const TensorView& dout, const TensorView& dq,
                                 const TensorView& dk, const TensorView& dv, const MonarchOptions& opt) {
   const char* where = "monarch_attention_backward";
-  MonarchParams p = make_params(where, q, k, v, state, opt);
+  AttnDims d;
+  MonarchParams p = make_params(where, q, k, v, state, opt, &d);
   const Layout L = opt.layout;
-  check_4d(where, "dout", dout, q.dtype, L);
-  check_4d(where, "dq", dq, q.dtype, L);
-  check_4d(where, "dk", dk, q.dtype, L);
-  check_4d(where, "dv", dv, q.dtype, L);
-  check_shape(where, "dout", dims(dout, L), {p.batch, p.seqlen, p.heads_q, p.head_dim_v},
-              "(q's batch, seq, heads; v's head_dim)");
-  check_shape(where, "dq", dims(dq, L), dims(q, L), "(same as q)");
-  check_shape(where, "dk", dims(dk, L), dims(k, L), "(same as k)");
-  check_shape(where, "dv", dims(dv, L), dims(v, L), "(same as v)");
+  check_grads(where, dout, dq, dk, dv, L, d);
   p.dout = strided(dout, L);
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);

@@ -38,7 +38,10 @@ struct Shapes {
   double scale;
 };
 
-Shapes shapes(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o) {
+// The call's sizes, after the shared checks (strata/checks.h) and the options' validate().
+Shapes shapes(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
+              const AttentionOptions& o) {
+  validate(where, o, check_qkv(where, q, k, v, o.layout, kReferenceDTypes));
   const int s = o.layout == Layout::BSHD ? 1 : 2, h = 3 - s;
   Shapes sh{q.shape[0], q.shape[s], k.shape[s], q.shape[h], k.shape[h], q.shape[3], v.shape[3], 0};
   sh.scale = std::isnan(o.scale) ? 1.0 / std::sqrt(double(sh.D)) : double(o.scale);
@@ -87,7 +90,7 @@ void probs(const TensorView& q, const TensorView& k, const AttentionOptions& o, 
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const AttentionOptions& opt, double* o, double* lse) {
-  const Shapes s = shapes(q, k, v, opt);
+  const Shapes s = shapes("reference::attention_forward", q, k, v, opt);
   const View4 V{v, opt.layout};
   std::vector<double> P, L;
   for (int64_t b = 0; b < s.B; ++b)
@@ -108,7 +111,9 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& dout, const AttentionOptions& opt, double* dq,
                         double* dk, double* dv) {
-  const Shapes s = shapes(q, k, v, opt);
+  const char* where = "reference::attention_backward";
+  const Shapes s = shapes(where, q, k, v, opt);
+  check_4d(where, "dout", dout, opt.layout, q.dtype, s.B, s.Nq, s.Hq, s.Dv, "(same as o)");
   const View4 Q{q, opt.layout}, K{k, opt.layout}, V{v, opt.layout}, G{dout, opt.layout};
   std::fill(dq, dq + s.B * s.Nq * s.Hq * s.D, 0.0);
   std::fill(dk, dk + s.B * s.Nk * s.Hkv * s.D, 0.0);

@@ -126,8 +126,11 @@ struct Problem {
   Dense4 q, k, v;
   std::vector<Levels> lvb;  // per sequence
   int64_t B, Nq, Nk, Hq, Hkv, D, Dv, off;
-  Problem(const TensorView& tq, const TensorView& tk, const TensorView& tv, const MlrOptions& o)
-      : q(tq, o.layout), k(tk, o.layout), v(tv, o.layout) {
+  // After the shared checks (strata/checks.h) and the options' validate().
+  Problem(const char* where, const TensorView& tq, const TensorView& tk, const TensorView& tv, const MlrOptions& o)
+      : q((validate(where, o, check_qkv(where, tq, tk, tv, o.layout, kReferenceDTypes)), tq), o.layout),
+        k(tk, o.layout),
+        v(tv, o.layout) {
     B = q.B;
     Nq = q.S;
     Nk = k.S;
@@ -318,7 +321,7 @@ void zero_grads(const Problem& P, double* dq, double* dk, double* dv) {
 
 void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const MlrOptions& opt,
                            double* o, double* lse) {
-  const Problem P(q, k, v, opt);
+  const Problem P("reference::mlr_attention_forward", q, k, v, opt);
   std::vector<double> S, gain;
   std::vector<uint8_t> shared;
   for (int64_t b = 0; b < P.B; ++b)
@@ -331,7 +334,8 @@ void mlr_attention_forward(const TensorView& q, const TensorView& k, const Tenso
 
 void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                             const MlrOptions& opt, double* dq, double* dk, double* dv) {
-  const Problem P(q, k, v, opt);
+  const Problem P("reference::mlr_attention_backward", q, k, v, opt);
+  check_4d("reference::mlr_attention_backward", "dout", dout, opt.layout, q.dtype, P.B, P.Nq, P.Hq, P.Dv, "(same as o)");
   const Dense4 g(dout, opt.layout);
   zero_grads(P, dq, dk, dv);
   std::vector<double> S, gain, dS, lse(size_t(P.Nq));
@@ -362,7 +366,7 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
 
 void mlr_attention_forward_blockwise(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const MlrOptions& opt, double* o, double* lse) {
-  const Problem P(q, k, v, opt);
+  const Problem P("reference::mlr_attention_forward_blockwise", q, k, v, opt);
   std::vector<double> S, cnt, gain;
   for (int64_t b = 0; b < P.B; ++b)
     for (int64_t h = 0; h < P.Hq; ++h) {
@@ -376,7 +380,8 @@ void mlr_attention_forward_blockwise(const TensorView& q, const TensorView& k, c
 void mlr_attention_backward_blockwise(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& dout, const MlrOptions& opt, double* dq, double* dk,
                                       double* dv) {
-  const Problem P(q, k, v, opt);
+  const Problem P("reference::mlr_attention_backward_blockwise", q, k, v, opt);
+  check_4d("reference::mlr_attention_backward_blockwise", "dout", dout, opt.layout, q.dtype, P.B, P.Nq, P.Hq, P.Dv, "(same as o)");
   const Dense4 g(dout, opt.layout);
   zero_grads(P, dq, dk, dv);
   const int64_t lo = std::min<int64_t>(0, P.off), hi = std::max(P.Nk, P.off + P.Nq);

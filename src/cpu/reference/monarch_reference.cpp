@@ -34,10 +34,11 @@ struct Sizes {
   double sc;
 };
 
-Sizes sizes(const TensorView& q, const TensorView& k, const TensorView& v, const MonarchOptions& o) {
+// The call's sizes, after the shared checks (strata/checks.h) and the options' validate(). v may be
+// undefined (the objective trace needs no values).
+Sizes sizes(const char* where, const TensorView& q, const TensorView& k, const TensorView& v, const MonarchOptions& o) {
+  validate(where, o, check_qkv(where, q, k, given(v) ? v : k, o.layout, kReferenceDTypes, /*self_attention=*/true));
   const int s = o.layout == Layout::BSHD ? 1 : 2, h = 3 - s;
-  STRATA_CHECK_ARG(q.ndim == 4 && k.ndim == 4 && (v.ndim == 4 || v.data == nullptr), "reference::monarch",
-                   "q, k, v", "4-D tensors", q.shape_str());
   Sizes z{};
   z.Bt = q.shape[0];
   z.N = q.shape[s];
@@ -45,15 +46,12 @@ Sizes sizes(const TensorView& q, const TensorView& k, const TensorView& v, const
   z.Hkv = k.shape[h];
   z.D = q.shape[3];
   z.Dv = v.ndim == 4 ? v.shape[3] : 0;
-  STRATA_CHECK_ARG(k.shape[s] == z.N && z.Hkv >= 1 && z.Hq % z.Hkv == 0, "reference::monarch", "k",
-                   "q's seq and heads dividing q's heads", k.shape_str());
   const MonarchGeometry g = monarch_geometry(z.N, o);
   z.B = g.block_size;
   z.M = g.num_blocks;
   z.P = g.padded_len;
   z.front = g.pad_front;
   z.T = o.num_steps;
-  STRATA_CHECK_ARG(z.T >= 1, "reference::monarch", "num_steps", ">= 1", z.T);
   z.stable = o.mode == MonarchMode::stable;
   z.sc = std::isnan(o.scale) ? 1.0 / std::sqrt(double(z.D)) : double(o.scale);
   return z;
@@ -229,7 +227,7 @@ double objective(const Sizes& z, const Head& H, const std::vector<double>& A) {
 
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const MonarchOptions& opt, double* o) {
-  const Sizes z = sizes(q, k, v, opt);
+  const Sizes z = sizes("reference::monarch_attention_forward", q, k, v, opt);
   for (int64_t b = 0; b < z.Bt; ++b)
     for (int64_t h = 0; h < z.Hq; ++h) {
       const Head H = load_head(q, k, v, opt, z, b, h);
@@ -248,7 +246,7 @@ void monarch_attention_forward(const TensorView& q, const TensorView& k, const T
 }
 
 void monarch_objective_trace(const TensorView& q, const TensorView& k, const MonarchOptions& opt, double* f) {
-  const Sizes z = sizes(q, k, TensorView(), opt);
+  const Sizes z = sizes("reference::monarch_objective_trace", q, k, TensorView(), opt);
   for (int64_t b = 0; b < z.Bt; ++b)
     for (int64_t h = 0; h < z.Hq; ++h) {
       const Head H = load_head(q, k, TensorView(), opt, z, b, h);
@@ -272,7 +270,9 @@ void monarch_objective_trace(const TensorView& q, const TensorView& k, const Mon
 void monarch_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& dout, const MonarchOptions& opt, double* dq, double* dk,
                                 double* dv) {
-  const Sizes z = sizes(q, k, v, opt);
+  const char* where = "reference::monarch_attention_backward";
+  const Sizes z = sizes(where, q, k, v, opt);
+  check_4d(where, "dout", dout, opt.layout, q.dtype, z.Bt, z.N, z.Hq, z.Dv, "(same as o)");
   const int64_t B = z.B, M = z.M, P = z.P, D = z.D, Dv = z.Dv;
   std::fill(dq, dq + z.Bt * z.N * z.Hq * D, 0.0);
   std::fill(dk, dk + z.Bt * z.N * z.Hkv * D, 0.0);

@@ -1,0 +1,116 @@
+// src/core/checks.cpp: the shared argument checks (strata/checks.h).
+#include "strata/checks.h"
+
+#include <string>
+
+namespace strata {
+namespace {
+
+const char* layout_str(Layout l) { return l == Layout::BSHD ? "BSHD" : "BHSD"; }
+
+struct Dims {
+  int64_t b, s, h, d;
+};
+Dims dims_of(const TensorView& t, Layout l) {
+  const int si = l == Layout::BSHD ? 1 : 2, hi = 3 - si;
+  return {t.shape[0], t.shape[si], t.shape[hi], t.shape[3]};
+}
+std::string dims_str(int64_t b, int64_t s, int64_t h, int64_t d) {
+  return detail::cat("(batch=", b, ", seq=", s < 0 ? std::string("any") : std::to_string(s), ", heads=", h,
+                     ", dim=", d, ")");
+}
+
+// 4-D, sizes >= 0, data (or empty): what every tensor argument must be before its dims are read.
+void check_tensor(const char* where, const char* arg, const TensorView& t, Layout l) {
+  STRATA_CHECK_ARG(t.ndim == 4, where, arg, detail::cat("a 4-D tensor in layout ", layout_str(l)),
+                   detail::cat(t.ndim, "-D ", t.shape_str()));
+  const bool sizes_ok = t.shape[0] >= 0 && t.shape[1] >= 0 && t.shape[2] >= 0 && t.shape[3] >= 0;
+  STRATA_CHECK_ARG(sizes_ok, where, arg, "sizes >= 0", t.shape_str());
+  STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
+}
+
+void check_seq_len(const char* where, const char* arg, int64_t seq) {
+  STRATA_CHECK_ARG(seq < kMaxSeqLen, where, arg, detail::cat("seq < 2^24 = ", kMaxSeqLen, " (positions exact in fp32)"),
+                   seq);
+}
+
+}  // namespace
+
+std::string DTypes::names() const {
+  std::string out;
+  int n = 0, total = 0;
+  for (unsigned t = 0; t < 32; ++t) total += (bits_ >> t) & 1u;
+  for (unsigned t = 0; t < 32; ++t) {
+    if (!((bits_ >> t) & 1u)) continue;
+    out += (n == 0 ? "" : (n + 1 == total ? " or " : ", "));
+    out += dtype_name(DType(t));
+    ++n;
+  }
+  return out;
+}
+
+void check_4d(const char* where, const char* arg, const TensorView& t, Layout l, DType dtype, int64_t b, int64_t s,
+              int64_t h, int64_t d, const char* why) {
+  check_tensor(where, arg, t, l);
+  STRATA_CHECK_ARG(t.dtype == dtype, where, arg, detail::cat("dtype ", dtype_name(dtype), " (same as q)"),
+                   dtype_name(t.dtype));
+  const Dims g = dims_of(t, l);
+  const bool ok = g.b == b && (s < 0 || g.s == s) && g.h == h && g.d == d;
+  STRATA_CHECK_ARG(ok, where, arg, detail::cat(dims_str(b, s, h, d), " ", why), dims_str(g.b, g.s, g.h, g.d));
+}
+
+AttnDims check_qkv(const char* where, const TensorView& q, const TensorView& k, const TensorView& v, Layout l,
+                   const DTypes& dtypes, bool self_attention) {
+  STRATA_CHECK_ARG(l == Layout::BSHD || l == Layout::BHSD, where, "layout", "BSHD or BHSD", int(l));
+  check_tensor(where, "q", q, l);
+  STRATA_CHECK_ARG(dtypes.has(q.dtype), where, "q", detail::cat("dtype ", dtypes.names()), dtype_name(q.dtype));
+  const Dims dq = dims_of(q, l);
+  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
+  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
+  check_tensor(where, "k", k, l);
+  const Dims dk = dims_of(k, l);
+  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
+  check_4d(where, "k", k, l, q.dtype, dq.b, self_attention ? dq.s : dk.s, dk.h, dq.d,
+           self_attention ? "(batch, seq and head_dim of q: self-attention only)" : "(batch and head_dim of q)");
+  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  check_tensor(where, "v", v, l);
+  const Dims dv = dims_of(v, l);
+  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
+  check_4d(where, "v", v, l, q.dtype, dq.b, dk.s, dk.h, dv.d, "(batch of q, seq and heads of k)");
+  check_seq_len(where, "q", dq.s);
+  check_seq_len(where, "k", dk.s);
+  return {dq.b, dq.s, dk.s, dq.h, dk.h, dq.d, dv.d, q.dtype};
+}
+
+void check_out(const char* where, const TensorView& o, Layout l, const AttnDims& d) {
+  check_4d(where, "o", o, l, d.dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, "(q's batch, seq, heads; v's head_dim)");
+}
+
+void check_lse(const char* where, const TensorView& lse, const AttnDims& d) {
+  const bool shape_ok =
+      lse.ndim == 3 && lse.shape[0] == d.batch && lse.shape[1] == d.heads_q && lse.shape[2] == d.seqlen_q;
+  STRATA_CHECK_ARG(shape_ok, where, "lse",
+                   detail::cat("shape [", d.batch, ", ", d.heads_q, ", ", d.seqlen_q, "] (batch, heads_q, seq_q)"),
+                   lse.shape_str());
+  STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
+  STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
+}
+
+void check_grads(const char* where, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                 const TensorView& dv, Layout l, const AttnDims& d) {
+  const DType dtype = d.dtype;
+  check_4d(where, "dout", dout, l, dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, "(same as o)");
+  check_4d(where, "dq", dq, l, dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim, "(same as q)");
+  check_4d(where, "dk", dk, l, dtype, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, "(same as k)");
+  check_4d(where, "dv", dv, l, dtype, d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v, "(same as v)");
+}
+
+void check_key_padding_mask(const char* where, const TensorView& m, int64_t batch, int64_t seq) {
+  if (!given(m)) return;
+  STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == batch && m.shape[1] == seq, where, "key_padding_mask",
+                   detail::cat("shape [", batch, ", ", seq, "] (batch, seq_k)"), m.shape_str());
+  STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
+  STRATA_CHECK_ARG(m.data != nullptr || m.numel() == 0, where, "key_padding_mask", "a non-null data pointer", "null");
+}
+
+}  // namespace strata
