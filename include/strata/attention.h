@@ -53,6 +53,16 @@ struct AttentionOptions {
 // bias broadcastable to [batch, heads_q, seq_q, seq_k] of float32 or q's dtype.
 void validate(const char* where, const AttentionOptions& opt, const AttnDims& d);
 
+// FLOPs of one call under the project's convention (FlashAttention's; shared/design performance):
+// forward 2 * batch * heads_q * seqlen_q * seqlen_k * (head_dim + head_dim_v) (QK^T and P V),
+// halved when causal (masks other than causal are not discounted); backward kBackwardFlops times
+// the forward.
+struct AttentionFlops {
+  static constexpr double kBackwardFlops = 2.5;
+  double forward = 0, backward = 0;
+};
+AttentionFlops attention_flops(const AttnDims& d, bool causal);
+
 // Forward: writes o and lse.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView& lse, const AttentionOptions& opt);

@@ -109,6 +109,11 @@ MonarchGeometry monarch_geometry(int64_t seqlen, const MonarchOptions& opt);
 // self-attention (seq_k = seq_q), num_steps >= 1, mode, pad, scale, block_size >= 0, key padding.
 void validate(const char* where, const MonarchOptions& opt, const AttnDims& d);
 
+// FLOPs (2 x multiply-accumulates, matmuls only: the paper's count) of one forward: per (batch,
+// query head), over the padded length P = M*B, P * (D * ((T-1)(2B + 2M) + 2B + M) + Dv * (B + M))
+// MACs, which is the paper's N * D * [T (2B + 2M) + B] when Dv = D and N = P. N = 0 gives 0.
+double monarch_attention_flops(const AttnDims& d, const MonarchOptions& opt);
+
 // Forward: writes o, and state when it is defined (pass TensorView{} to skip it).
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& o, const TensorView& state,

@@ -121,6 +121,14 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   run_backward(p);
 }
 
+AttentionFlops attention_flops(const AttnDims& d, bool causal) {
+  AttentionFlops f;
+  f.forward = 2.0 * double(d.batch) * double(d.heads_q) * double(d.seqlen_q) * double(d.seqlen_k) *
+              double(d.head_dim + d.head_dim_v) * (causal ? 0.5 : 1.0);
+  f.backward = AttentionFlops::kBackwardFlops * f.forward;
+  return f;
+}
+
 // ---- The paper's GSWA composition ----------------------------------------------------------
 namespace {
 

@@ -107,6 +107,20 @@ MonarchGeometry monarch_geometry(int64_t seqlen, const MonarchOptions& opt) {
   return g;
 }
 
+double monarch_attention_flops(const AttnDims& d, const MonarchOptions& opt) {
+  const char* where = "monarch_attention_flops";
+  STRATA_CHECK_ARG(d.batch >= 0 && d.heads_q >= 0 && d.seqlen_q >= 0 && d.head_dim >= 0 && d.head_dim_v >= 0, where,
+                   "sizes", "batch, heads, seq, head_dim, head_dim_v >= 0",
+                   detail::cat(d.batch, ", ", d.heads_q, ", ", d.seqlen_q, ", ", d.head_dim, ", ", d.head_dim_v));
+  STRATA_CHECK_ARG(opt.num_steps >= 1, where, "num_steps", ">= 1", opt.num_steps);
+  if (d.seqlen_q == 0) return 0.0;
+  const MonarchGeometry g = monarch_geometry(d.seqlen_q, opt);
+  const double b = double(g.block_size), m = double(g.num_blocks), p = double(g.padded_len);
+  const double T = double(opt.num_steps), D = double(d.head_dim), Dv = double(d.head_dim_v);
+  const double macs = p * (D * ((T - 1) * (2 * b + 2 * m) + 2 * b + m) + Dv * (b + m));
+  return 2.0 * macs * double(d.heads_q) * double(d.batch);
+}
+
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& o, const TensorView& state, const MonarchOptions& opt) {
   const char* where = "monarch_attention_forward";
