@@ -144,16 +144,17 @@ int threads_locked() {  // under g_pool_mu
   return g_threads;
 }
 
-// Joins the workers at exit (static destruction) in the process that created the pool.
+// Joins the workers at exit (static destruction) in the process that created the pool. At
+// namespace scope, not a function-local static: a fork while another thread held that static's
+// initialisation guard would leave the child waiting on it forever.
 struct PoolReaper {
   ~PoolReaper() { delete g_pool.exchange(nullptr); }
-};
+} g_reaper;
 
 Pool& pool() {
   if (Pool* p = g_pool.load(std::memory_order_acquire)) return *p;
   std::lock_guard<std::mutex> g(g_pool_mu);
   if (Pool* p = g_pool.load(std::memory_order_relaxed)) return *p;
-  static PoolReaper reaper;  // registered before the first pool exists, so it sees every pool
   Pool* p = new Pool(threads_locked());
   g_pool.store(p, std::memory_order_release);
   return *p;
