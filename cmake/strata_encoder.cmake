@@ -25,6 +25,7 @@ target_compile_options(strata_data PRIVATE ${STRATA_WARNINGS})
 target_link_libraries(strata_data PUBLIC strata_core nlohmann_json::nlohmann_json PkgConfig::UTF8PROC)
 
 set(STRATA_ENCODER_TEST_SOURCES
+  ${PROJECT_SOURCE_DIR}/tests/cpp/data_minilm_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_safetensors_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_sts_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_wordpiece_test.cpp

@@ -22,8 +22,26 @@
 //   bias:              added to the logits           (broadcastable to batch x heads_q x seqlen_q
 //                                                     x seqlen_k via stride 0; f32 or q's dtype)
 // A query row with no allowed key outputs zeros, lse = -inf, and gets zero gradients (documented
-// choice; PyTorch's SDPA returns NaN there). NaN or Inf in the inputs propagates to the rows it
-// touches (IEEE semantics, no error); finite inputs never produce NaN.
+// choice; PyTorch's SDPA returns NaN there).
+//
+// Non-finite inputs (IEEE semantics, no error): a NaN or Inf reaches every output that reads it;
+// one in q row i reaches no other row's o, lse or dq; none crosses to another batch or kv head.
+// Within a head it may also reach outputs of pairs whose mask excludes it, since masked
+// probabilities enter the P V and dS products as exact zeros (0 * Inf = NaN; so does SDPA).
+//
+// Finite inputs give finite outputs within these bounds (FLT_MAX = 3.4e38; per allowed pair i, j):
+//   forward   log2(e) * (scale * sum_d |q_id k_jd| + |bias_ij|) < FLT_MAX   (the base-2 logit and
+//             its partial sums), and 2^8 * seqlen_k * max |v| < FLT_MAX (the unnormalised O;
+//             the output itself is at most max |v|);
+//   backward  that sum < 2^26 instead (|logit| < 4.6e7): it recomputes P = exp(s - lse) in fp32,
+//             and the rounding of lse (a few ulps of |lse|) lets P exceed 1 (up to 2^12 at the
+//             bound) and overflow near |lse| ~ 4e8; gradient error grows about like 1e-7 |lse|.
+//             And the gradient sums: 2^13 * seqlen_q * (2 * scale * G * max |q, k| + max |dout|)
+//             < FLT_MAX, G = max_i ||dout_i|| * max_j ||v_j||.
+// Beyond: a logit that overflows to +inf makes its row NaN (as SDPA); a row whose every allowed
+// logit overflows to -inf counts as a row with no key (zeros, lse = -inf). Not guarded: a guard
+// needs a pass over q and k (as costly as decoding itself) or a test in every kernel's inner
+// loop, and fp32 logits cannot hold the answer anyway. Tests: tests/cpp/core_nonfinite_test.cpp.
 //
 // Cost: 4 * B * Hq * Nq * Nk * D FLOPs forward (half that for causal), ~2.5x that backward.
 // Threads: parallel over (batch, head, query tile) forward and (batch, kv head, key tile) backward.

@@ -49,6 +49,9 @@
 //   lse  batch x heads_q  x seqlen_q                     float32, natural log, any strides
 // q, k, v, o and the gradients are float32 or bfloat16, all one dtype; math is fp32.
 // A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
+// Non-finite inputs propagate and finite inputs give finite outputs exactly as attention.h says,
+// with the logit bound taken over the levels a pair shares: log2(e) * sum_l c_l sum_{d in level l}
+// |q_id k_jd| < FLT_MAX forward, < 2^26 backward (the 1/L and 1/m factors only shrink it).
 //
 // Cost: the kernel visits (64-query x 128-key) tiles; on a tile where every pair shares the levels
 // 1..m it forms scores with a prefix dot product of length R_m = r_1+..+r_m; deeper levels are

@@ -43,8 +43,14 @@
 //              excluded from every L softmax; masked queries are excluded from a and c from the
 //              first step on and output zeros (zero gradients); where c[k,j] = 0 (no valid query
 //              at offset j) the R row is uniform over the block's valid keys; a query with no
-//              valid key anywhere outputs zeros. Never NaN for finite input.
-// Both modes: NaN / Inf in the inputs propagate (IEEE), no error.
+//              valid key anywhere outputs zeros.
+// Both modes: NaN / Inf in the inputs propagate (IEEE), no error. Finite inputs give finite
+// outputs when log2(e) * (scale * max_n ||q_n|| * max_m ||k_m|| + ln B) < FLT_MAX (2-norms; every
+// R-step input a / c is a weighted mean of queries, every softmax subtracts its max, and R and L
+// rows sum to at most 1, so no other value grows; the backward measured finite at half the bound).
+// Beyond, a logit that overflows to +inf makes the R row that holds it NaN, and through al / cl
+// every query of that offset (T = 1; later steps spread it further). Tests:
+// tests/cpp/core_nonfinite_test.cpp.
 //
 // Padding: N not a multiple of B is zero-padded to M*B tokens, at the end (MonarchPad::post) or at
 // the front (MonarchPad::pre: ViT with B = 14, N = 197 puts CLS + padding in block 0). Padded

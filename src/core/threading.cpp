@@ -1,7 +1,10 @@
 // src/core/threading.cpp: a small persistent thread pool with dynamic chunking.
 // Workers sleep on a condition variable between regions (no spinning), so a torch peer running
 // in the same process, interleaved with us, gets the cores back.
+// Fork: see threading.h for the rule; the pthread_atfork child handler below implements it.
 #include "strata/threading.h"
+
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -25,6 +29,8 @@ class Pool {
   ~Pool() { stop(); }
 
   int size() const { return nthreads_; }
+
+  Pool* next_abandoned = nullptr;  // the chain of pools a forked child inherited (see below)
 
   void resize(int n) {
     std::lock_guard<std::mutex> no_region(run_mu_);  // never resize under a running region
@@ -128,20 +134,63 @@ int default_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-std::mutex g_pool_mu;
-Pool& pool() {
-  static Pool p(default_threads());
-  return p;
+std::mutex g_pool_mu;                // guards g_threads and creating / resizing the pool
+int g_threads = 0;                   // the pool's thread count; 0 = not yet read (default_threads)
+std::atomic<Pool*> g_pool{nullptr};  // created by the first parallel region; reset in a fork child
+Pool* g_abandoned = nullptr;         // pools inherited over fork: kept reachable, never touched
+
+int threads_locked() {  // under g_pool_mu
+  if (g_threads == 0) g_threads = default_threads();
+  return g_threads;
 }
+
+// Joins the workers at exit (static destruction) in the process that created the pool. At
+// namespace scope, not a function-local static: a fork while another thread held that static's
+// initialisation guard would leave the child waiting on it forever.
+struct PoolReaper {
+  ~PoolReaper() { delete g_pool.exchange(nullptr); }
+} g_reaper;
+
+Pool& pool() {
+  if (Pool* p = g_pool.load(std::memory_order_acquire)) return *p;
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  if (Pool* p = g_pool.load(std::memory_order_relaxed)) return *p;
+  Pool* p = new Pool(threads_locked());
+  g_pool.store(p, std::memory_order_release);
+  return *p;
+}
+
+// pthread_atfork child handler (runs in the child, which has only the forking thread). The
+// inherited pool's workers do not exist here and its mutexes may be held by threads that do not
+// exist either (a region running in the parent at the fork): joining or locking them would hang.
+// So the child abandons it (never destroyed: its destructor would join the phantom workers) and
+// its first parallel region builds a fresh pool with the same thread count. g_pool_mu may have
+// been held by another parent thread (set_num_threads) at the fork: it is re-created unlocked.
+// No prepare handler: fork() never waits for a running region.
+void after_fork_in_child() {
+  if (Pool* p = g_pool.exchange(nullptr)) {
+    p->next_abandoned = g_abandoned;
+    g_abandoned = p;
+  }
+  new (&g_pool_mu) std::mutex();
+}
+
+[[maybe_unused]] const int g_atfork_registered =
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
 
 }  // namespace
 
-int get_num_threads() { return pool().size(); }
+int get_num_threads() {
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  return threads_locked();
+}
 
 void set_num_threads(int n) {
   STRATA_CHECK_ARG(n >= 1, "set_num_threads", "n", "an integer >= 1", n);
   std::lock_guard<std::mutex> g(g_pool_mu);
-  if (pool().size() != n) pool().resize(n);
+  g_threads = n;
+  Pool* p = g_pool.load(std::memory_order_relaxed);
+  if (p && p->size() != n) p->resize(n);
 }
 
 void parallel_for(int64_t n, int64_t grain,
