@@ -6,22 +6,13 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/reference/views.h"
 #include "strata/attention.h"
 
 namespace strata::reference {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-struct View4 {  // reads element (b, s, h, d) of a 4-D view in the given layout
-  const TensorView& t;
-  Layout l;
-  double operator()(int64_t b, int64_t s, int64_t h, int64_t d) const {
-    int64_t idx[4] = {b, s, h, d};
-    if (l == Layout::BHSD) std::swap(idx[1], idx[2]);
-    return t.get(idx);
-  }
-};
 
 bool allowed(const AttentionOptions& o, int64_t nq, int64_t nk, int64_t i, int64_t j) {
   const int64_t pos = i + (nk - nq);

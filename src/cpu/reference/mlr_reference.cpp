@@ -14,36 +14,13 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/reference/views.h"
 #include "strata/mlr.h"
 
 namespace strata::reference {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// An input as a contiguous double array in logical (b, s, h, d) order.
-struct Dense4 {
-  int64_t B = 0, S = 0, H = 0, D = 0;
-  std::vector<double> x;
-  Dense4(const TensorView& t, Layout l) {
-    const int s = l == Layout::BSHD ? 1 : 2, h = 3 - s;
-    B = t.shape[0];
-    S = t.shape[s];
-    H = t.shape[h];
-    D = t.shape[3];
-    x.resize(size_t(B * S * H * D));
-    int64_t idx[4];
-    for (idx[0] = 0; idx[0] < B; ++idx[0])
-      for (int64_t si = 0; si < S; ++si)
-        for (int64_t hi = 0; hi < H; ++hi)
-          for (idx[3] = 0; idx[3] < D; ++idx[3]) {
-            idx[s] = si;
-            idx[h] = hi;
-            x[size_t(((idx[0] * S + si) * H + hi) * D + idx[3])] = t.get(idx);
-          }
-  }
-  const double* row(int64_t b, int64_t s, int64_t h) const { return x.data() + ((b * S + s) * H + h) * D; }
-};
 
 // The level structure as the options spell it out (mlr.h, "Blocks").
 struct Levels {

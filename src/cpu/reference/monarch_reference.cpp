@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/reference/views.h"
 #include "strata/monarch.h"
 
 namespace strata::reference {
@@ -17,15 +18,12 @@ namespace {
 constexpr double kEps = 1e-12;  // ma_torch.py's eps (reference mode only)
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-struct View4 {  // reads element (b, s, h, d) of a 4-D view in the given layout
-  const TensorView& t;
-  Layout l;
-  double operator()(int64_t b, int64_t s, int64_t h, int64_t d) const {
-    int64_t idx[4] = {b, s, h, d};
-    if (l == Layout::BHSD) std::swap(idx[1], idx[2]);
-    return t.get(idx);
-  }
-};
+// out[0..n) = softmax of x[0..n) whose maximum is mx (finite); -inf entries get 0.
+void softmax_row(const double* x, int64_t n, double mx, double* out) {
+  double Z = 0;
+  for (int64_t i = 0; i < n; ++i) Z += (out[i] = x[i] == kNegInf ? 0.0 : std::exp(x[i] - mx));
+  for (int64_t i = 0; i < n; ++i) out[i] /= Z;
+}
 
 struct Sizes {
   int64_t Bt, N, Hq, Hkv, D, Dv;
@@ -144,9 +142,7 @@ std::vector<Step> run_forward(const Sizes& z, const Head& H) {
         double* R = &S.R[size_t((k * B + j) * B)];
         if (z.stable) {
           if (mx == kNegInf) continue;  // no valid key in block k: R = 0
-          double Z = 0;
-          for (int64_t i = 0; i < B; ++i) Z += (R[i] = s[size_t(i)] == kNegInf ? 0.0 : std::exp(s[size_t(i)] - mx));
-          for (int64_t i = 0; i < B; ++i) R[i] /= Z;
+          softmax_row(s.data(), B, mx, R);
         } else {  // ma_torch.py: exp(s - max(rowmax, eps)) / (sum + eps)
           const double shift = std::max(mx, kEps);
           double Z = 0;
@@ -176,9 +172,7 @@ std::vector<Step> run_forward(const Sizes& z, const Head& H) {
         }
         double* Lr = &S.L[size_t((j * M + l) * M)];
         if (mx == kNegInf) continue;  // stable, no valid key anywhere: L = 0
-        double Z = 0;
-        for (int64_t k = 0; k < M; ++k) Z += (Lr[k] = u[size_t(k)] == kNegInf ? 0.0 : std::exp(u[size_t(k)] - mx));
-        for (int64_t k = 0; k < M; ++k) Lr[k] /= Z;
+        softmax_row(u.data(), M, mx, Lr);
       }
     if (t + 1 < z.T) {  // next R-step input: a[k,j] = sum_l w L_j[l,k] q_{l,j}, c[k,j] = sum_l w L_j[l,k]
       std::fill(a.begin(), a.end(), 0.0);
