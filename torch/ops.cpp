@@ -1,6 +1,7 @@
 // torch/ops.cpp: registers strata's attention as torch.ops.strata.* (TORCH_LIBRARY): schemas,
 // CPU kernels for the forward/backward ops (Autograd: not differentiable, their outputs never
-// require grad), CompositeImplicitAutograd kernels for the differentiable ones (they run the C++ autograd Function, so torch.autograd works from Python).
+// require grad), CompositeImplicitAutograd kernels for the differentiable ones (they run the C++
+// autograd Function, so torch.autograd works from Python).
 // A strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
 #include <torch/library.h>
 

@@ -1,8 +1,8 @@
 // torch/ops_mlr.cpp: registers MLR attention as torch.ops.strata.mlr_attention_* (a fragment of
 // the `strata` library that ops.cpp defines): schemas, CPU kernels for the forward/backward ops
-// (not differentiable: outputs never require grad), a CompositeImplicitAutograd kernel for the differentiable one (it runs the C++ autograd
-// Function, so torch.autograd works from Python). A strata::Error becomes a c10::Error with the
-// same message (RuntimeError in Python).
+// (not differentiable: outputs never require grad), a CompositeImplicitAutograd kernel for the
+// differentiable one (it runs the C++ autograd Function, so torch.autograd works from Python). A
+// strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
 #include <torch/library.h>
 
 #include <string>

@@ -1,7 +1,8 @@
 // torch/ops_monarch.cpp: registers MonarchAttention and the low-rank baselines as torch.ops.strata.*
 // (a TORCH_LIBRARY_FRAGMENT: ops.cpp owns TORCH_LIBRARY(strata)). CPU kernels for the forward /
-// backward ops (not differentiable: outputs never require grad); CompositeImplicitAutograd kernels for the differentiable ones (monarch_attention
-// runs the C++ autograd Function; the baselines are ATen compositions that torch differentiates);
+// backward ops (not differentiable: outputs never require grad); CompositeImplicitAutograd
+// kernels for the differentiable ones (monarch_attention runs the C++ autograd Function; the
+// baselines are ATen compositions that torch differentiates);
 // the FLOP counts are plain functions (no tensors). A strata::Error becomes a c10::Error with the
 // same message (RuntimeError in Python).
 #include <torch/library.h>

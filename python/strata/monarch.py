@@ -187,7 +187,8 @@ def performer_attention(
     where = "performer_attention"
     return _ops.performer_attention(
         *_check.tensors(where, q=q, k=k, v=v), _check.integer(num_features, where, "num_features"),
-        _check.optional_integer(seed, where, "seed"), _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
+        _check.optional_integer(seed, where, "seed"),
+        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
         _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout"))
 
 
@@ -218,7 +219,8 @@ def nystrom_attention(
 
 def monarch_attention_flops(N: int, heads: int, D: int, Dv: int, T: int, B: int) -> float:
     """FLOPs (2 x matmul MACs, the paper's count) of one sequence, all heads. B = 0: floor(sqrt(N))."""
-    return _ops.monarch_attention_flops(*_check.integers("monarch_attention_flops", N=N, heads=heads, D=D, Dv=Dv, T=T, B=B))
+    where = "monarch_attention_flops"
+    return _ops.monarch_attention_flops(*_check.integers(where, N=N, heads=heads, D=D, Dv=Dv, T=T, B=B))
 
 
 def softmax_attention_flops(N: int, D: int, Dv: int = -1) -> float:
@@ -228,14 +230,15 @@ def softmax_attention_flops(N: int, D: int, Dv: int = -1) -> float:
 
 def performer_attention_flops(N: int, D: int, Dv: int, num_features: int) -> float:
     """FLOPs per (sequence, head): 2 N r (2 D + 2 Dv + 1)."""
-    return _ops.performer_attention_flops(*_check.integers("performer_attention_flops", N=N, D=D, Dv=Dv,
-                                                 num_features=num_features))
+    where = "performer_attention_flops"
+    return _ops.performer_attention_flops(*_check.integers(where, N=N, D=D, Dv=Dv, num_features=num_features))
 
 
 def nystrom_attention_flops(N: int, D: int, Dv: int, num_landmarks: int, pinv_iters: int = 6) -> float:
     """FLOPs per (sequence, head), m = min(landmarks, N): 2 (2 N m (D + Dv) + m^2 (D + Dv) + 6 iters m^3)."""
-    return _ops.nystrom_attention_flops(*_check.integers("nystrom_attention_flops", N=N, D=D, Dv=Dv, num_landmarks=num_landmarks,
-                                               pinv_iters=pinv_iters))
+    where = "nystrom_attention_flops"
+    return _ops.nystrom_attention_flops(
+        *_check.integers(where, N=N, D=D, Dv=Dv, num_landmarks=num_landmarks, pinv_iters=pinv_iters))
 
 
 class SoftmaxAttention(torch.nn.Module):

@@ -434,9 +434,10 @@ TEST(TorchAttention, ForwardAndBackwardOpsAreNotDifferentiable) {
       std::optional<double>, bool, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
       const std::optional<at::Tensor>&, c10::string_view);
   const at::Tensor g = at::randn_like(out).requires_grad_();
-  auto [dq, dk, dv] = dispatcher.findSchemaOrThrow("strata::attention_backward", "")
-                          .typed<Bwd>()
-                          .call(q, k, v, out, lse, g, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
+  auto [dq, dk, dv] =
+      dispatcher.findSchemaOrThrow("strata::attention_backward", "")
+          .typed<Bwd>()
+          .call(q, k, v, out, lse, g, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
   for (const at::Tensor& t : {dq, dk, dv}) EXPECT_FALSE(t.requires_grad());
   st::AttentionArgs a;
   a.causal = true;
