@@ -18,8 +18,9 @@ namespace {
 
 using namespace binding;  // dims, parse_layout, check_4d, empty_in_order_of, ... (binding_util.h)
 
-// Converts the user-facing arguments to core options (masks as views, no copies).
-AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout l) {
+// Converts the user-facing arguments to core options (masks as views, no copies). q_dtype: the
+// dtype of q, one of the bias's allowed dtypes.
+AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout l, at::ScalarType q_dtype) {
   AttentionOptions o;
   if (a.scale.has_value()) {
     const double s = *a.scale;
@@ -32,9 +33,15 @@ AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout 
   o.window_right = a.window_right;
   o.num_global = a.num_global;
   o.layout = l;
-  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
+  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined()) {
+    check_dtype_in(where, "key_padding_mask", *a.key_padding_mask, {at::kBool, at::kByte});
     o.key_padding_mask = view_of(*a.key_padding_mask, where, "key_padding_mask");
+  }
   if (a.bias.has_value() && a.bias->defined()) {
+    if (q_dtype == at::kFloat)
+      check_dtype_in(where, "bias", *a.bias, {at::kFloat});
+    else
+      check_dtype_in(where, "bias", *a.bias, {at::kFloat, q_dtype});
     TensorView b = view_of(*a.bias, where, "bias");
     if (b.ndim < 4) {  // torch broadcasting: missing leading dims are size 1 (stride 0)
       const int shift = 4 - b.ndim;
@@ -74,7 +81,8 @@ void check_reference_inputs(const char* where, const at::Tensor& q, const at::Te
                          "] (batch, heads_q, seq_q, seq_k)"),
                      b.shape_str());
     STRATA_CHECK_ARG(b.dtype == DType::f32 || b.dtype == qdt, where, "bias",
-                     cat("dtype float32 or ", dtype_name(qdt)), dtype_name(b.dtype));
+                     qdt == DType::f32 ? std::string("dtype float32") : cat("dtype float32 or ", dtype_name(qdt)),
+                     dtype_name(b.dtype));
   }
 }
 
@@ -97,7 +105,7 @@ TensorView view_of(const at::Tensor& t, const char* where, const char* arg) {
     case at::kDouble: v.dtype = DType::f64; break;
     case at::kByte: v.dtype = DType::u8; break;
     case at::kBool: v.dtype = DType::u8; break;  // torch bool is one byte holding 0 or 1
-    default:
+    default:  // the catch-all: callers check their own dtypes first (binding::check_dtype_in)
       throw_arg(where, arg, "dtype float32, bfloat16, float64, uint8 or bool", torch_dtype_name(t));
   }
   v.data = t.numel() == 0 ? nullptr : t.data_ptr();
@@ -116,8 +124,9 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
   check_4d(where, "q", q, l);
   check_4d(where, "k", k, l);
   check_4d(where, "v", v, l);
+  check_qkv_dtypes(where, q, k, v, /*allow_f64=*/false);
   const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
-  const AttentionOptions opt = make_options(where, a, l);
+  const AttentionOptions opt = make_options(where, a, l, q.scalar_type());
   const Dims4 dq = dims(q, l);
   // out: batch x seq_q x heads_q x head_dim_v (in q's layout and memory order)
   std::array<int64_t, 4> out_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
@@ -136,10 +145,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   check_4d(where, "q", q, l);
   check_4d(where, "k", k, l);
   check_4d(where, "v", v, l);
+  check_qkv_dtypes(where, q, k, v, /*allow_f64=*/false);
   const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
   const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
   const TensorView gv = view_of(dout, where, "dout");
-  const AttentionOptions opt = make_options(where, a, l);
+  const AttentionOptions opt = make_options(where, a, l, q.scalar_type());
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   strata::attention_backward(qv, kv, vv, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
@@ -151,7 +161,8 @@ std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor&
                                                                const at::Tensor& v, const AttentionArgs& a) {
   const char* where = "reference_attention_forward";
   const Layout l = parse_layout(where, a.layout);
-  const AttentionOptions opt = make_options(where, a, l);
+  check_reference_qkv(where, q, k, v, l);
+  const AttentionOptions opt = make_options(where, a, l, q.scalar_type());
   check_reference_inputs(where, q, k, v, opt);
   const Dims4 dq = dims(q, l);
   at::Tensor out = empty_reference_out(l, dq.b, dq.s, dq.h, v.size(3));
@@ -166,7 +177,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_attention_backward(
     const AttentionArgs& a) {
   const char* where = "reference_attention_backward";
   const Layout l = parse_layout(where, a.layout);
-  const AttentionOptions opt = make_options(where, a, l);
+  check_reference_qkv(where, q, k, v, l);
+  const AttentionOptions opt = make_options(where, a, l, q.scalar_type());
   check_reference_inputs(where, q, k, v, opt);
   check_4d(where, "dout", dout, l);
   const Dims4 dq = dims(q, l), dk = dims(k, l), want{dq.b, dq.s, dq.h, v.size(3)}, got = dims(dout, l);

@@ -81,6 +81,9 @@ struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction>
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionArgs& a) {
+  // q's dtype first, with this function's list (the kernel's own check would omit float64).
+  STRATA_CHECK_ARG(q.defined(), "attention", "q", "a defined tensor", "an undefined tensor");
+  binding::check_dtype_in("attention", "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
   // A bias that wants a gradient would silently get none: refuse it while grad mode is on.
   STRATA_CHECK_ARG(!(a.bias.has_value() && a.bias->defined() && a.bias->requires_grad() &&
                      at::GradMode::is_enabled()),
@@ -91,10 +94,12 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
-                                int64_t window, std::optional<double> scale, const std::string& layout) {
+                                int64_t window, std::optional<double> scale_a, std::optional<double> scale_b,
+                                const std::string& layout) {
   const char* where = "paper_gswa_attention";
   STRATA_CHECK_ARG(q.defined() && q.dim() == 4, where, "q", "a 4-D tensor",
                    q.defined() ? detail::cat(q.dim(), "-D ", q.sizes()) : std::string("an undefined tensor"));
+  binding::check_dtype_in(where, "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
   STRATA_CHECK_ARG(k.defined() && k.dim() == 4, where, "k", "a 4-D tensor",
                    k.defined() ? detail::cat(k.dim(), "-D ", k.sizes()) : std::string("an undefined tensor"));
   const int64_t D = q.size(3);
@@ -102,11 +107,16 @@ at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const 
   STRATA_CHECK_ARG(split_a >= 1 && split_a < D, where, "split_a",
                    detail::cat("1..", D - 1, " (head dims of the global branch; head_dim is ", D, ")"), split_a);
   STRATA_CHECK_ARG(window >= 0, where, "window", ">= 0", window);
+  for (const auto& [s, arg] : {std::pair{scale_a, "scale_a"}, std::pair{scale_b, "scale_b"}})
+    STRATA_CHECK_ARG(!s.has_value() || (std::isfinite(*s) && std::isfinite(float(*s))), where, arg,
+                     "a finite float32 value (or None for the reference code's 8 / the branch's head dims)", *s);
   AttentionArgs global;  // branch a: causal softmax over head dims [0, a)
-  global.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(double(D));
+  // Defaults: the reference code's 8/a and 8/b (see PaperGswaOptions in strata/attention.h).
+  global.scale = scale_a.has_value() ? *scale_a : 8.0 / double(split_a);
   global.causal = true;
   global.layout = layout;
   AttentionArgs local = global;  // branch b: causal window (keys p-w..p) over head dims [a, D)
+  local.scale = scale_b.has_value() ? *scale_b : 8.0 / double(D - split_a);
   local.window_left = window;
   local.window_right = 0;
   // O = P_a V + P_b V (probabilities added, not renormalised; v shared)

@@ -1,14 +1,19 @@
 // torch/binding_util.h (private to torch/): the small pieces every binding file of a kernel
 // family needs: logical dims of a 4-D tensor in a layout, the "bshd" / "bhsd" parser, output
-// allocation in the memory order of an input, strata::Error -> c10::Error, and the
-// once-differentiable guard for autograd Functions whose backward is a kernel.
+// allocation in the memory order of an input, strata::Error -> c10::Error, the
+// once-differentiable guard for autograd Functions whose backward is a kernel, and the Autograd
+// kernel of the ops that are not differentiable.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/library.h>
+
+#include <unistd.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -40,6 +45,58 @@ inline const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "
 // Torch's name of a tensor's dtype ("float32", "int64", ...).
 inline std::string torch_dtype_name(const at::Tensor& t) { return c10::getDtypeNames(t.scalar_type()).first; }
 
+// Throws naming `arg` unless t's dtype is one of `allowed`, e.g. "expected dtype float32 or
+// bfloat16, got int32". Run before view_of, whose own message lists every dtype a TensorView can
+// hold rather than the ones the caller accepts.
+inline void check_dtype_in(const char* where, const char* arg, const at::Tensor& t,
+                           std::initializer_list<at::ScalarType> allowed, const char* note = "") {
+  for (at::ScalarType a : allowed)
+    if (t.scalar_type() == a) return;
+  std::string list;
+  size_t i = 0;
+  for (at::ScalarType a : allowed) {
+    list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + std::string(c10::getDtypeNames(a).first);
+    ++i;
+  }
+  throw_arg(where, arg, cat("dtype ", list, note), torch_dtype_name(t));
+}
+
+// The dtype checks of q, k and v before their views: q float32 or bfloat16 (or float64 with
+// allow_f64: the reference paths), k and v q's dtype. t must be defined (check_4d first).
+inline void check_qkv_dtypes(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             bool allow_f64) {
+  if (allow_f64)
+    check_dtype_in(where, "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
+  else
+    check_dtype_in(where, "q", q, {at::kFloat, at::kBFloat16});
+  check_dtype_in(where, "k", k, {q.scalar_type()}, " (same as q)");
+  check_dtype_in(where, "v", v, {q.scalar_type()}, " (same as q)");
+}
+
+// This machine's physical memory in bytes (0 when unknown).
+inline int64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
+}
+
+// Throws naming `arg` (the argument that makes it large) when a buffer of `sizes` elements of
+// `elem_bytes` each would not fit in this machine's physical memory (or its byte count overflows
+// int64): a clear error instead of the allocator's, or of a machine swapping to death. `what`
+// names the buffer and its shape, e.g. "the saved state (batch x heads x (T-1) x M*B x head_dim)".
+inline void check_fits_in_memory(const char* where, const char* arg, at::IntArrayRef sizes, int64_t elem_bytes,
+                                 const std::string& what, int64_t arg_value) {
+  int64_t bytes = elem_bytes;
+  bool overflow = false;
+  for (int64_t s : sizes) overflow = overflow || __builtin_mul_overflow(bytes, std::max<int64_t>(s, 0), &bytes);
+  const int64_t mem = physical_memory_bytes();
+  if (!overflow && (mem == 0 || bytes <= mem)) return;
+  throw_arg(where, arg,
+            cat("a value for which ", what, " fits in memory (",
+                overflow ? std::string("over 2^63") : cat(bytes), " bytes needed, ", mem,
+                " bytes of physical memory)"),
+            arg_value);
+}
+
 // Parses "bshd" / "bhsd"; throws naming 'layout' otherwise.
 inline Layout parse_layout(const char* where, const std::string& s) {
   if (s == "bshd") return Layout::BSHD;
@@ -68,13 +125,8 @@ inline QkvDims check_reference_qkv(const char* where, const at::Tensor& q, const
   check_4d(where, "q", q, l);
   check_4d(where, "k", k, l);
   check_4d(where, "v", v, l);
-  const TensorView qv = view_of(q, where, "q");
-  STRATA_CHECK_ARG(qv.dtype == DType::f32 || qv.dtype == DType::bf16 || qv.dtype == DType::f64, where, "q",
-                   "dtype float32, bfloat16 or float64", dtype_name(qv.dtype));
-  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
-                   torch_dtype_name(k));
-  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v", cat("dtype ", dtype_name(qv.dtype), " (same as q)"),
-                   torch_dtype_name(v));
+  check_qkv_dtypes(where, q, k, v, /*allow_f64=*/true);
+  view_of(q, where, "q");
   view_of(k, where, "k");
   view_of(v, where, "v");
   const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
@@ -148,6 +200,21 @@ inline ::torch::autograd::variable_list once_differentiable(::torch::autograd::v
       cat(what, ": double backward is not supported (its backward is a kernel, differentiable once)"),
       int64_t(grads.size()));
   return (*err)(std::move(grads));
+}
+
+// The Autograd kernel of an op that is not differentiable (a forward or backward kernel alone,
+// e.g. strata::attention_forward): runs the op below autograd, so its outputs never require
+// grad, whatever its inputs (as argmax's). Without an Autograd kernel the dispatcher's fallback
+// marks the outputs as requiring grad, and a backward through them silently leaves the inputs
+// without a gradient. Register with m.impl(name, binding::non_differentiable()) in a
+// TORCH_LIBRARY_IMPL(strata, Autograd, m) block.
+inline void non_differentiable_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                      ::torch::jit::Stack* stack) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+}
+inline ::torch::CppFunction non_differentiable() {
+  return ::torch::CppFunction::makeFromBoxedFunction<&non_differentiable_kernel>();
 }
 
 }  // namespace strata::torch::binding

@@ -34,6 +34,8 @@ MonarchMode parse_mode(const char* where, const std::string& s) {
   throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
 }
 
+constexpr int64_t kMaxSteps = 1024;  // num_steps bound (see make_options)
+
 // Converts the user-facing arguments to core options (the mask as a view, no copy).
 MonarchOptions make_options(const char* where, const MonarchArgs& a) {
   MonarchOptions o;
@@ -42,7 +44,10 @@ MonarchOptions make_options(const char* where, const MonarchArgs& a) {
   o.pad = parse_pad(where, a.pad);
   o.mode = parse_mode(where, a.mode);
   o.layout = binding::parse_layout(where, a.layout);
-  STRATA_CHECK_ARG(a.num_steps >= 1, where, "num_steps", ">= 1", a.num_steps);
+  // A bound, so that a typo (2**40) is an error rather than a run that never ends: the paper's
+  // results use 1-3 steps, and each step costs about one pass of block attention.
+  STRATA_CHECK_ARG(a.num_steps >= 1 && a.num_steps <= kMaxSteps, where, "num_steps", cat(">= 1 and <= ", kMaxSteps),
+                   a.num_steps);
   STRATA_CHECK_ARG(a.block_size >= 0, where, "block_size", ">= 1, or 0 for floor(sqrt(seq))", a.block_size);
   if (a.scale.has_value()) {
     const double s = *a.scale;
@@ -50,8 +55,10 @@ MonarchOptions make_options(const char* where, const MonarchArgs& a) {
                      "a finite float32 value (or None for 1/sqrt(head_dim))", s);
     o.scale = float(s);
   }
-  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
+  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined()) {
+    binding::check_dtype_in(where, "key_padding_mask", *a.key_padding_mask, {at::kBool, at::kByte});
     o.key_padding_mask = view_of(*a.key_padding_mask, where, "key_padding_mask");
+  }
   return o;
 }
 
@@ -63,15 +70,21 @@ Inputs views(const char* where, const at::Tensor& q, const at::Tensor& k, const 
   binding::check_4d(where, "q", q, l);
   binding::check_4d(where, "k", k, l);
   binding::check_4d(where, "v", v, l);
+  binding::check_qkv_dtypes(where, q, k, v, /*allow_f64=*/false);
   return {view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v")};
 }
 
-// The state tensor of a forward: batch x heads_q x (T-1) x (M*B) x head_dim float32.
-at::Tensor empty_state(const at::Tensor& q, const MonarchOptions& o) {
+// The state tensor of a forward: batch x heads_q x (T-1) x (M*B) x head_dim float32. A state
+// larger than memory (num_steps = 2^40, say) is an error naming num_steps, not the allocator's.
+at::Tensor empty_state(const char* where, const at::Tensor& q, const MonarchOptions& o) {
   const Dims4 d = dims(q, o.layout);
   const MonarchGeometry g = monarch_geometry(d.s, o);
-  return at::empty({d.b, d.h, o.num_steps - 1, g.padded_len, d.d},
-                   at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  const std::vector<int64_t> sizes = {d.b, d.h, o.num_steps - 1, g.padded_len, d.d};
+  binding::check_fits_in_memory(where, "num_steps", sizes, sizeof(float),
+                                "the state saved for the backward (batch x heads x (num_steps-1) x M*B x head_dim "
+                                "float32)",
+                                o.num_steps);
+  return at::empty(sizes, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
 }
 
 // Everything the core's kernel checks, for the reference (which checks little); q, k, v may be
@@ -101,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor> monarch_attention_forward(const at::Tensor& q
   const Inputs in = views(where, q, k, v, opt.layout);
   // out: batch x seq x heads_q x head_dim_v (in q's layout and memory order)
   at::Tensor out = binding::empty_in_order_of(q, {q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type());
-  at::Tensor state = save_state ? empty_state(q, opt) : at::Tensor();
+  at::Tensor state = save_state ? empty_state(where, q, opt) : at::Tensor();
   strata::monarch_attention_forward(in.q, in.k, in.v, view_of(out, where, "out"),
                                     save_state ? view_of(state, where, "state") : TensorView{}, opt);
   return {out, state};
@@ -217,6 +230,9 @@ struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
 }  // namespace
 
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MonarchArgs& a) {
+  // q's dtype first, with this function's list (the kernel's own check would omit float64).
+  STRATA_CHECK_ARG(q.defined(), "monarch_attention", "q", "a defined tensor", "an undefined tensor");
+  binding::check_dtype_in("monarch_attention", "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
   // Inference (no grad needed): the forward alone, without the saved state.
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!grad && !(q.defined() && q.scalar_type() == at::kDouble))

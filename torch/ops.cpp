@@ -1,6 +1,7 @@
 // torch/ops.cpp: registers strata's attention as torch.ops.strata.* (TORCH_LIBRARY): schemas,
-// CPU kernels for the forward/backward ops, CompositeImplicitAutograd kernels for the
-// differentiable ones (they run the C++ autograd Function, so torch.autograd works from Python).
+// CPU kernels for the forward/backward ops (Autograd: not differentiable, their outputs never
+// require grad), CompositeImplicitAutograd kernels for the differentiable ones (they run the C++
+// autograd Function, so torch.autograd works from Python).
 // A strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
 #include <torch/library.h>
 
@@ -69,8 +70,10 @@ at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 // strata::paper_gswa_attention (differentiable): returns out, shaped like q with v's head_dim.
 at::Tensor paper_gswa_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
-                         int64_t window, std::optional<double> scale, c10::string_view layout) {
-  return rethrow_as_c10([&] { return paper_gswa_attention(q, k, v, split_a, window, scale, std::string(layout)); });
+                         int64_t window, std::optional<double> scale_a, std::optional<double> scale_b,
+                         c10::string_view layout) {
+  return rethrow_as_c10(
+      [&] { return paper_gswa_attention(q, k, v, split_a, window, scale_a, scale_b, std::string(layout)); });
 }
 
 }  // namespace
@@ -90,13 +93,19 @@ TORCH_LIBRARY(strata, m) {
       "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
       "str layout=\"bshd\") -> Tensor out");
   m.def(
-      "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale=None, "
-      "str layout=\"bshd\") -> Tensor out");
+      "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale_a=None, "
+      "float? scale_b=None, str layout=\"bshd\") -> Tensor out");
 }
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("attention_forward", &strata::torch::forward_op);
   m.impl("attention_backward", &strata::torch::backward_op);
+}
+
+// The kernels alone are not differentiable: their outputs never require grad (binding_util.h).
+TORCH_LIBRARY_IMPL(strata, Autograd, m) {
+  m.impl("attention_forward", strata::torch::binding::non_differentiable());
+  m.impl("attention_backward", strata::torch::binding::non_differentiable());
 }
 
 TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {

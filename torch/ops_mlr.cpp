@@ -1,8 +1,8 @@
 // torch/ops_mlr.cpp: registers MLR attention as torch.ops.strata.mlr_attention_* (a fragment of
-// the `strata` library that ops.cpp defines): schemas, CPU kernels for the forward/backward ops,
-// a CompositeImplicitAutograd kernel for the differentiable one (it runs the C++ autograd
-// Function, so torch.autograd works from Python). A strata::Error becomes a c10::Error with the
-// same message (RuntimeError in Python).
+// the `strata` library that ops.cpp defines): schemas, CPU kernels for the forward/backward ops
+// (not differentiable: outputs never require grad), a CompositeImplicitAutograd kernel for the
+// differentiable one (it runs the C++ autograd Function, so torch.autograd works from Python). A
+// strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
 #include <torch/library.h>
 
 #include <string>
@@ -101,6 +101,12 @@ TORCH_LIBRARY_FRAGMENT(strata, m) {
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("mlr_attention_forward", &strata::torch::forward_op);
   m.impl("mlr_attention_backward", &strata::torch::backward_op);
+}
+
+// The kernels alone are not differentiable: their outputs never require grad (binding_util.h).
+TORCH_LIBRARY_IMPL(strata, Autograd, m) {
+  m.impl("mlr_attention_forward", strata::torch::binding::non_differentiable());
+  m.impl("mlr_attention_backward", strata::torch::binding::non_differentiable());
 }
 
 TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) { m.impl("mlr_attention", &strata::torch::mlr_attention_op); }

@@ -1,7 +1,8 @@
 // torch/ops_monarch.cpp: registers MonarchAttention and the low-rank baselines as torch.ops.strata.*
 // (a TORCH_LIBRARY_FRAGMENT: ops.cpp owns TORCH_LIBRARY(strata)). CPU kernels for the forward /
-// backward ops; CompositeImplicitAutograd kernels for the differentiable ones (monarch_attention
-// runs the C++ autograd Function; the baselines are ATen compositions that torch differentiates);
+// backward ops (not differentiable: outputs never require grad); CompositeImplicitAutograd
+// kernels for the differentiable ones (monarch_attention runs the C++ autograd Function; the
+// baselines are ATen compositions that torch differentiates);
 // the FLOP counts are plain functions (no tensors). A strata::Error becomes a c10::Error with the
 // same message (RuntimeError in Python).
 #include <torch/library.h>
@@ -126,6 +127,12 @@ TORCH_LIBRARY_FRAGMENT(strata, m) {
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("monarch_attention_forward", &strata::torch::forward_op);
   m.impl("monarch_attention_backward", &strata::torch::backward_op);
+}
+
+// The kernels alone are not differentiable: their outputs never require grad (binding_util.h).
+TORCH_LIBRARY_IMPL(strata, Autograd, m) {
+  m.impl("monarch_attention_forward", strata::torch::binding::non_differentiable());
+  m.impl("monarch_attention_backward", strata::torch::binding::non_differentiable());
 }
 
 TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {

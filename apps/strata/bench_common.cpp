@@ -8,15 +8,28 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "files.h"
 #include "strata/error.h"
 
 namespace strata::app {
 
+// CLI11 check of an output FILE, run when the command line is parsed (before any row): the
+// results of a long run must not be lost to a typo found at the first write.
+CLI::Validator writable_file() {
+  return CLI::Validator(
+      [](std::string& path) {
+        const std::string why = unwritable_reason(path);
+        return why.empty() ? std::string() : "cannot write '" + path + "': " + why;
+      },
+      "FILE", "writable file");
+}
+
 void add_bench_output_options(CLI::App* cmd, std::string& json, std::string& csv, int& threads, int& reps,
                               const std::string& json_unit, const std::string& reps_help) {
   cmd->add_option("--json", json, "write the results as JSON to FILE (rewritten after every " + json_unit + ")")
-      ->type_name("FILE");
-  cmd->add_option("--csv", csv, "also write the rows as CSV to FILE")->type_name("FILE");
+      ->type_name("FILE")
+      ->check(writable_file());
+  cmd->add_option("--csv", csv, "also write the rows as CSV to FILE")->type_name("FILE")->check(writable_file());
   cmd->add_option("--threads", threads, "threads for strata and torch (default: STRATA_NUM_THREADS or all)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--reps", reps, reps_help)->check(CLI::Range(1, 100000));

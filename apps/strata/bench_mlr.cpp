@@ -516,11 +516,13 @@ CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
   cmd->add_option("--heads", o.heads, "heads (default 8)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ref-max-seq", o.ref_max_seq,
                   "largest T for the torch.mlr_blockwise peer (T x T buffers per level; default 4096)")
-      ->type_name("T");
+      ->type_name("T")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->add_option("--ref-bwd-max-seq", o.ref_bwd_max_seq,
                   "largest T for torch.mlr_blockwise's autograd backward (every block copy adds a\n"
                   "T x T gradient copy: about 80 s a call at T = 4096; default 4096)")
-      ->type_name("T");
+      ->type_name("T")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
                            "timed rounds per group (ABBA order) after one warm-up (default 7, 5 with --quick,\n"
                            "3 with --smoke; more rounds are cut back on groups over 20 s, never under those);\n"

@@ -151,6 +151,10 @@ ConvertSummary run_conversion(const ConvertConfig& cfg) {
   STRATA_CHECK_ARG(cfg.passages >= 1, where, "--passages", ">= 1", cfg.passages);
   for (int64_t n : cfg.long_lengths)
     STRATA_CHECK_ARG(n >= 3 && n <= 512, where, "--long-n", "lengths in 3..512 (the model's positions)", n);
+  // The output before any work: a typo must not cost a whole run.
+  const std::string out_why = unwritable_reason(cfg.out_dir + "/convert.json");
+  STRATA_CHECK_ARG(out_why.empty(), where, "--out", "a folder where convert.json can be written",
+                   ::strata::detail::cat("'", cfg.out_dir, "' (", out_why, ")"));
 
   // --- model and data
   std::string why;
@@ -165,6 +169,11 @@ ConvertSummary run_conversion(const ConvertConfig& cfg) {
 
   models::SentenceEncoder model = models::SentenceEncoder::load(model_dir);
   const models::BertConfig& mc = model.encoder.config();
+  // Every method's layer list before any row runs (the layer count is the model's).
+  for (const ConvertMethod& m : cfg.methods)
+    for (int64_t l : m.layers)
+      STRATA_CHECK_ARG(l < mc.layers, where, "--method",
+                       ::strata::detail::cat("layers in 0..", mc.layers - 1, " in \"", m.label(), "\""), l);
   std::vector<data::StsPair> sts = data::load_sts(sts_path);
   if (cfg.sts_pairs > 0 && cfg.sts_pairs < int64_t(sts.size())) sts.resize(size_t(cfg.sts_pairs));
   std::vector<std::string> sentences;
@@ -200,7 +209,6 @@ ConvertSummary run_conversion(const ConvertConfig& cfg) {
   std::vector<at::Tensor> softmax_long;
   double softmax_rho = 0;
   const models::AttentionSpec softmax_spec = models::parse_attention_spec("softmax");
-  const int64_t L = mc.layers;
   auto flops_of = [&](const models::AttentionSpec& s, const std::vector<int64_t>& layers, int64_t n) {
     return models::encoder_attention_flops(mc, s, layers, n);
   };
@@ -218,8 +226,6 @@ ConvertSummary run_conversion(const ConvertConfig& cfg) {
   for (const ConvertMethod& m : cfg.methods) {
     const auto t0 = Clock::now();
     const models::AttentionSpec spec = models::parse_attention_spec(m.spec);
-    for (int64_t l : m.layers)
-      STRATA_CHECK_ARG(l < L, where, "--method", ::strata::detail::cat("layers in 0..", L - 1, " in \"", m.label(), "\""), l);
     models::convert(model.encoder, softmax_spec, {});
     models::convert(model.encoder, spec, m.layers);
 

@@ -41,6 +41,25 @@ void write_file_atomic(const std::string& path, const std::string& content, cons
   }
 }
 
+std::string unwritable_reason(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return "an empty path";
+  const fs::path p(path);
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) return "it is a folder";
+  if (p.has_parent_path()) {
+    fs::create_directories(p.parent_path(), ec);
+    if (ec) return "cannot create the folder '" + p.parent_path().string() + "': " + ec.message();
+  }
+  const bool existed = fs::exists(p, ec);
+  {
+    std::ofstream f(path, std::ios::app);  // append: an existing file keeps its content
+    if (!f.good()) return std::string("cannot open it for writing: ") + std::strerror(errno);
+  }
+  if (!existed) fs::remove(p, ec);
+  return "";
+}
+
 std::string find_shared_file(const std::string& relative, std::string* tried) {
   std::vector<std::string> dirs;
   if (const char* env = std::getenv("STRATA_SHARED_DIR"); env && *env) dirs.emplace_back(env);

@@ -9,6 +9,12 @@ namespace strata::app {
 // parent folders. Throws strata::Error naming `where`, the path and the reason on failure.
 void write_file_atomic(const std::string& path, const std::string& content, const char* where);
 
+// Why `path` cannot be written as a result file (its missing parent folders created, as the
+// writers do), or "" when it can: a folder, a folder that cannot be created, a file that cannot be
+// opened for writing. An existing file is not changed; a file created by the probe is removed.
+// The CLI runs this on every output path before any work, so that a typo fails in a second.
+std::string unwritable_reason(const std::string& path);
+
 // A file of the shared data folder (e.g. "data/sts/sts-test.csv"): under $STRATA_SHARED_DIR when
 // set, else shared/ in or beside the source tree. Returns "" when it is in none of them, and
 // then sets *tried (when given) to the candidates, comma-separated.

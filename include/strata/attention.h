@@ -44,6 +44,11 @@
 // loop, and fp32 logits cannot hold the answer anyway. Tests: tests/cpp/core_nonfinite_test.cpp.
 //
 // Cost: 4 * B * Hq * Nq * Nk * D FLOPs forward (half that for causal), ~2.5x that backward.
+// With a left window (window_left >= 0) and no global tokens only the keys some query can reach
+// (the last Nq + window_left) are read: time and workspace follow the window, not Nk (the
+// backward still writes zeros to dk, dv of the others).
+// Limit: with a causal, window or global mask the keys in reach must number < 2^24 (the forward
+// kernel compares positions in fp32); more throw strata::Error naming 'k'.
 // Threads: parallel over (batch, head, query tile) forward and (batch, kv head, key tile) backward.
 #pragma once
 #include <cmath>
@@ -94,16 +99,22 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const AttentionOptions& opt);
 
 // --- The structured-attention paper's global + sliding-window baseline ("GSWA"), a composition.
-// Head dims of q and k are split a | b (a = split_a): a causal softmax over the a dims and a
-// causal sliding-window softmax (window keys p-window..p) over the b dims; the two PROBABILITY
-// matrices are ADDED without renormalising (rows sum to 2):  O = P_a V + P_b V.
+// Head dims of q and k are split a | b (a = split_a, b = head_dim - a): a causal softmax over the
+// a dims with logits scale_a * q_a . k_a and a causal sliding-window softmax (window keys
+// p-window..p) over the b dims with logits scale_b * q_b . k_b; the two PROBABILITY matrices are
+// ADDED without renormalising (rows sum to 2):  O = P_a V + P_b V.
+// Scales: each branch has its own. Defaults (NaN) are the reference code's
+// (CausalSelfGlobalSlidingWindowAttention): scale_a = 8/a, scale_b = 8/b, the muP-style 8/d
+// logit scale of standard MHA in that code applied per branch; a given scale overrides its
+// branch's default.
 // This is NOT the Longformer form (use AttentionOptions::num_global for that).
 // o_a and o_b (shape of o, same dtype) receive the two branches (the backward needs them);
-// lse_a / lse_b as for attention_forward. Scale defaults to 1/sqrt(head_dim) of the full q.
+// lse_a / lse_b as for attention_forward.
 struct PaperGswaOptions {
   int64_t split_a = 0;  // a: number of head dims in the global (causal) branch, 1..head_dim-1
   int64_t window = 0;   // w: keys p-w..p in the windowed branch
-  float scale = std::numeric_limits<float>::quiet_NaN();
+  float scale_a = std::numeric_limits<float>::quiet_NaN();  // NaN: 8 / a
+  float scale_b = std::numeric_limits<float>::quiet_NaN();  // NaN: 8 / b, b = head_dim - a
   Layout layout = Layout::BSHD;
 };
 void paper_gswa_forward(const TensorView& q, const TensorView& k, const TensorView& v,

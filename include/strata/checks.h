@@ -41,10 +41,14 @@ inline constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
 
 // q, k, v of an attention call in `layout` (any strides): each 4-D with sizes >= 0 and data (or
 // empty); q's dtype among `dtypes` and k, v of q's dtype; head_dim, head_dim_v, heads >= 1;
-// heads_q % heads_kv == 0; k of q's batch and head_dim, v of k's batch, seq and heads; both
-// sequence lengths below kMaxSeqLen. self_attention: k must also have q's seq.
+// heads_q % heads_kv == 0; k of q's batch and head_dim, v of k's batch, seq and heads.
+// self_attention: k must also have q's seq.
 AttnDims check_qkv(const char* where, const TensorView& q, const TensorView& k, const TensorView& v, Layout layout,
                    const DTypes& dtypes, bool self_attention = false);
+
+// Query and key sequences below kMaxSeqLen, for kernels that compare positions in fp32 lanes;
+// keys_note is appended to the key's message (e.g. what bounds the keys counted).
+void check_positions(const char* where, int64_t seqlen_q, int64_t seqlen_k, const char* keys_note = "");
 
 // A 4-D argument of dtype `dtype` with logical dims (b, s, h, d) in `layout`; s < 0 accepts any
 // seq. `why` says where the expected dims come from, e.g. "(q's batch, seq, heads; v's head_dim)".

@@ -15,8 +15,21 @@ Shapes, layout "bshd" ("bhsd" swaps dims 1 and 2)::
 
 Tensors are CPU float32 or bfloat16, any strides; :func:`attention` and
 :func:`paper_gswa_attention` also take float64, computed by the double-precision reference
-(exact gradients, for ``torch.autograd.gradcheck``). Errors raise ``RuntimeError`` with a message
-that names the argument, e.g. ``attention_forward: argument 'k': expected ..., got ...``.
+(exact gradients, for ``torch.autograd.gradcheck``).
+
+Errors name the function and the argument, say what was expected and what came, e.g.
+``attention_forward: argument 'k': expected ..., got ...``. The wrappers check argument types
+first, without coercion (``strata._check``): bool options take only bools, integer options only
+ints (not bools, floats or strings), tensors only tensors; a wrong type raises ``TypeError``, a
+wrong value found in Python ``ValueError``; what the ops check (shapes, dtypes, ranges) raises
+``RuntimeError``.
+
+Autograd: :func:`attention`, :func:`paper_gswa_attention`, ``mlr_attention`` and
+``monarch_attention`` are differentiable (once). The kernels alone (``*_forward`` and
+``*_backward``, as functions here and as ``torch.ops.strata.*``) are NOT differentiable: their
+outputs never require grad, whatever the inputs (as if detached): ``out.sum().backward()``
+raises "does not require grad", and in a larger graph they carry no gradient back to q, k, v.
+Use the differentiable functions for training.
 
 The shared library is found in this order: the file named by the environment variable
 ``STRATA_LIB``; ``<repo>/build/release/torch/libstrata_torch.so``; ``libstrata_torch.so`` next to
@@ -30,6 +43,8 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
+
+from . import _check
 
 __all__ = [
     "attention",
@@ -88,13 +103,19 @@ torch.ops.load_library(str(library_path))
 _ops = torch.ops.strata
 
 
-def _window_pair(window: Tuple[int, int]) -> Tuple[int, int]:
-    """Returns (window_left, window_right) from a 2-sequence; raises TypeError naming 'window'."""
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise TypeError(f"strata: argument 'window': expected a pair (left, right), got {window!r}") from None
-    return int(left), int(right)
+def _attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout) -> tuple:
+    """The schema's trailing option arguments, checked (_check: exact types, errors naming the argument)."""
+    left, right = _check.int_pair(window, where, "window")
+    return (
+        _check.optional_real(scale, where, "scale"),
+        _check.boolean(causal, where, "causal"),
+        left,
+        right,
+        _check.integer(num_global, where, "num_global"),
+        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
+        _check.optional_tensor(bias, where, "bias"),
+        _check.string(layout, where, "layout"),
+    )
 
 
 def attention(
@@ -116,8 +137,8 @@ def attention(
         q, k, v: CPU float32 / bfloat16 (kernel) or float64 (double reference), one dtype.
         scale: logit scale; None means 1/sqrt(head_dim).
         causal: key j allowed for query i when j <= i + seq_k - seq_q (bottom-right aligned).
-        window: (left, right); key j allowed when p - left <= j <= p + right, p = i + seq_k - seq_q;
-            -1 leaves that side unbounded.
+        window: (left, right) ints; key j allowed when p - left <= j <= p + right,
+            p = i + seq_k - seq_q; -1 leaves that side unbounded.
         num_global: the first G positions are Longformer-style global tokens (window waived).
         key_padding_mask: batch x seq_k, bool or uint8, True / nonzero = attend.
         bias: added to the logits, broadcastable to batch x heads_q x seq_q x seq_k (float32 or
@@ -128,8 +149,9 @@ def attention(
         out: batch x seq_q x heads_q x head_dim_v (in ``layout``). Query rows with no allowed key
         are zeros and get zero gradients.
     """
-    left, right = _window_pair(window)
-    return _ops.attention(q, k, v, scale, causal, left, right, num_global, key_padding_mask, bias, layout)
+    where = "attention"
+    return _ops.attention(*_check.tensors(where, q=q, k=k, v=v),
+                          *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
 
 
 def attention_forward(
@@ -145,14 +167,19 @@ def attention_forward(
     bias: Optional[torch.Tensor] = None,
     layout: str = "bshd",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The forward kernel alone (no autograd); float32 / bfloat16 only. Options as :func:`attention`.
+    """The forward kernel alone; float32 / bfloat16 only. Options as :func:`attention`.
+
+    Not differentiable: its outputs never require grad, whatever the inputs (for gradients use
+    :func:`attention`, which runs this kernel and :func:`attention_backward`).
 
     Returns:
         (out: batch x seq_q x heads_q x head_dim_v in ``layout``,
          lse: batch x heads_q x seq_q float32, log-sum-exp of the allowed logits, -inf for empty rows)
     """
-    left, right = _window_pair(window)
-    return _ops.attention_forward(q, k, v, scale, causal, left, right, num_global, key_padding_mask, bias, layout)
+    where = "attention_forward"
+    return _ops.attention_forward(
+        *_check.tensors(where, q=q, k=k, v=v),
+        *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
 
 
 def attention_backward(
@@ -173,6 +200,8 @@ def attention_backward(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernel alone; float32 / bfloat16 only. Options must equal the forward's.
 
+    Not differentiable (no double backward): its outputs never require grad.
+
     Args:
         out, lse: what :func:`attention_forward` returned for q, k, v.
         dout: gradient of the loss w.r.t. out (shape and dtype of out).
@@ -180,10 +209,10 @@ def attention_backward(
     Returns:
         (dq, dk, dv) with the shapes and dtype of q, k, v (the bias gets no gradient).
     """
-    left, right = _window_pair(window)
+    where = "attention_backward"
     return _ops.attention_backward(
-        q, k, v, out, lse, dout, scale, causal, left, right, num_global, key_padding_mask, bias, layout
-    )
+        *_check.tensors(where, q=q, k=k, v=v, out=out, lse=lse, dout=dout),
+        *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
 
 
 def paper_gswa_attention(
@@ -193,25 +222,39 @@ def paper_gswa_attention(
     split_a: int,
     window: int,
     *,
-    scale: Optional[float] = None,
+    scale_a: Optional[float] = None,
+    scale_b: Optional[float] = None,
     layout: str = "bshd",
 ) -> torch.Tensor:
     """The structured-attention paper's global + sliding-window baseline (differentiable).
 
-    Head dims of q and k are split at ``split_a``: a causal softmax over dims [0, split_a) and a
-    causal sliding-window softmax (keys p - window .. p) over dims [split_a, head_dim); the two
-    probability matrices are added without renormalising: ``out = P_a v + P_b v`` (v shared).
+    Head dims of q and k are split at ``split_a`` (a = split_a, b = head_dim - a): a causal
+    softmax over dims [0, a) with logits ``scale_a * q_a . k_a`` and a causal sliding-window
+    softmax (keys p - window .. p) over dims [a, head_dim) with logits ``scale_b * q_b . k_b``;
+    the two probability matrices are added without renormalising: ``out = P_a v + P_b v``
+    (v shared, rows of P_a + P_b sum to 2).
 
     Args:
         q, k, v: as :func:`attention` (float32, bfloat16 or float64).
-        split_a: 1 .. head_dim - 1.
-        window: >= 0.
-        scale: None means 1/sqrt(head_dim) of the full head_dim.
+        split_a: a, 1 .. head_dim - 1.
+        window: w >= 0.
+        scale_a: the global branch's logit scale; None means 8 / a, the reference code's
+            (``CausalSelfGlobalSlidingWindowAttention``: the muP-style 8/d logit scale per branch).
+        scale_b: the windowed branch's logit scale; None means 8 / b, the reference code's.
+        layout: "bshd" or "bhsd".
 
     Returns:
         out: batch x seq_q x heads_q x head_dim_v (in ``layout``).
     """
-    return _ops.paper_gswa_attention(q, k, v, split_a, window, scale, layout)
+    where = "paper_gswa_attention"
+    return _ops.paper_gswa_attention(
+        *_check.tensors(where, q=q, k=k, v=v),
+        _check.integer(split_a, where, "split_a"),
+        _check.integer(window, where, "window"),
+        _check.optional_real(scale_a, where, "scale_a"),
+        _check.optional_real(scale_b, where, "scale_b"),
+        _check.string(layout, where, "layout"),
+    )
 
 
 # MLR attention: after the library is loaded (strata.mlr calls torch.ops.strata.mlr_*).

@@ -39,6 +39,8 @@ import torch
 
 import strata as _strata  # noqa: F401  (loads libstrata_torch.so)
 
+from . import _check
+
 __all__ = [
     "monarch_attention",
     "monarch_attention_forward",
@@ -57,6 +59,19 @@ __all__ = [
 ]
 
 _ops = torch.ops.strata
+
+
+def _monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout) -> tuple:
+    """The monarch schemas' trailing option arguments, checked (_check: exact types)."""
+    return (
+        _check.integer(num_steps, where, "num_steps"),
+        _check.integer(block_size, where, "block_size"),
+        _check.string(pad, where, "pad"),
+        _check.string(mode, where, "mode"),
+        _check.optional_real(scale, where, "scale"),
+        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
+        _check.string(layout, where, "layout"),
+    )
 
 
 def monarch_attention(
@@ -89,7 +104,10 @@ def monarch_attention(
     Returns:
         out: batch x seq x heads_q x head_dim_v. Differentiable once.
     """
-    return _ops.monarch_attention(q, k, v, num_steps, block_size, pad, mode, scale, key_padding_mask, layout)
+    where = "monarch_attention"
+    return _ops.monarch_attention(*_check.tensors(where, q=q, k=k, v=v),
+                                  *_monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask,
+                                                    layout))
 
 
 def monarch_attention_forward(
@@ -105,13 +123,19 @@ def monarch_attention_forward(
     key_padding_mask: Optional[torch.Tensor] = None,
     layout: str = "bshd",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The forward kernel alone (no autograd); float32 / bfloat16. Options as :func:`monarch_attention`.
+    """The forward kernel alone; float32 / bfloat16. Options as :func:`monarch_attention`.
+
+    Not differentiable: its outputs never require grad, whatever the inputs (for gradients use
+    :func:`monarch_attention`).
 
     Returns:
         (out, state): state is batch x heads_q x (T-1) x (M*B) x head_dim float32 (M = ceil(seq/B)),
         the input of every R-step after the first, for :func:`monarch_attention_backward`.
     """
-    return _ops.monarch_attention_forward(q, k, v, num_steps, block_size, pad, mode, scale, key_padding_mask, layout)
+    where = "monarch_attention_forward"
+    return _ops.monarch_attention_forward(*_check.tensors(where, q=q, k=k, v=v),
+                                          *_monarch_options(where, num_steps, block_size, pad, mode, scale,
+                                                            key_padding_mask, layout))
 
 
 def monarch_attention_backward(
@@ -131,12 +155,16 @@ def monarch_attention_backward(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernel alone; options must equal the forward's. state None: recomputed.
 
+    Not differentiable (no double backward): its outputs never require grad.
+
     Returns:
         (dq, dk, dv) with the shapes and dtype of q, k, v.
     """
+    where = "monarch_attention_backward"
     return _ops.monarch_attention_backward(
-        q, k, v, state, dout, num_steps, block_size, pad, mode, scale, key_padding_mask, layout
-    )
+        *_check.tensors(where, q=q, k=k, v=v), _check.optional_tensor(state, where, "state"),
+        _check.tensor(dout, where, "dout"),
+        *_monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout))
 
 
 def performer_attention(
@@ -156,7 +184,12 @@ def performer_attention(
     from torch's default generator on every call (as the paper's code), an int draws the same
     features every time (the output is close, not bitwise, from call to call). Masked tokens are not keys and output zeros.
     """
-    return _ops.performer_attention(q, k, v, num_features, seed, key_padding_mask, scale, layout)
+    where = "performer_attention"
+    return _ops.performer_attention(
+        *_check.tensors(where, q=q, k=k, v=v), _check.integer(num_features, where, "num_features"),
+        _check.optional_integer(seed, where, "seed"),
+        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
+        _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout"))
 
 
 def nystrom_attention(
@@ -176,27 +209,36 @@ def nystrom_attention(
     sequence gives the result of the unpadded one); ``num_landmarks >= seq`` is softmax attention
     up to the pseudo-inverse iteration's error. Masked tokens are not keys and output zeros.
     """
-    return _ops.nystrom_attention(q, k, v, num_landmarks, pinv_iters, key_padding_mask, scale, layout)
+    where = "nystrom_attention"
+    return _ops.nystrom_attention(
+        *_check.tensors(where, q=q, k=k, v=v), _check.integer(num_landmarks, where, "num_landmarks"),
+        _check.integer(pinv_iters, where, "pinv_iters"),
+        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
+        _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout"))
 
 
 def monarch_attention_flops(N: int, heads: int, D: int, Dv: int, T: int, B: int) -> float:
     """FLOPs (2 x matmul MACs, the paper's count) of one sequence, all heads. B = 0: floor(sqrt(N))."""
-    return _ops.monarch_attention_flops(N, heads, D, Dv, T, B)
+    where = "monarch_attention_flops"
+    return _ops.monarch_attention_flops(*_check.integers(where, N=N, heads=heads, D=D, Dv=Dv, T=T, B=B))
 
 
 def softmax_attention_flops(N: int, D: int, Dv: int = -1) -> float:
     """FLOPs of dense attention per (sequence, head): 2 N^2 (D + Dv) = 4 N^2 D for Dv = D."""
-    return _ops.softmax_attention_flops(N, D, Dv)
+    return _ops.softmax_attention_flops(*_check.integers("softmax_attention_flops", N=N, D=D, Dv=Dv))
 
 
 def performer_attention_flops(N: int, D: int, Dv: int, num_features: int) -> float:
     """FLOPs per (sequence, head): 2 N r (2 D + 2 Dv + 1)."""
-    return _ops.performer_attention_flops(N, D, Dv, num_features)
+    where = "performer_attention_flops"
+    return _ops.performer_attention_flops(*_check.integers(where, N=N, D=D, Dv=Dv, num_features=num_features))
 
 
 def nystrom_attention_flops(N: int, D: int, Dv: int, num_landmarks: int, pinv_iters: int = 6) -> float:
     """FLOPs per (sequence, head), m = min(landmarks, N): 2 (2 N m (D + Dv) + m^2 (D + Dv) + 6 iters m^3)."""
-    return _ops.nystrom_attention_flops(N, D, Dv, num_landmarks, pinv_iters)
+    where = "nystrom_attention_flops"
+    return _ops.nystrom_attention_flops(
+        *_check.integers(where, N=N, D=D, Dv=Dv, num_landmarks=num_landmarks, pinv_iters=pinv_iters))
 
 
 class SoftmaxAttention(torch.nn.Module):
@@ -204,7 +246,8 @@ class SoftmaxAttention(torch.nn.Module):
 
     def __init__(self, *, scale: Optional[float] = None, layout: str = "bshd"):
         super().__init__()
-        self.scale, self.layout = scale, layout
+        where = "SoftmaxAttention"
+        self.scale, self.layout = _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout")
 
     def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return _strata.attention(q, k, v, scale=self.scale, key_padding_mask=key_padding_mask, layout=self.layout)
@@ -228,8 +271,8 @@ class MonarchAttention(torch.nn.Module):
         layout: str = "bshd",
     ):
         super().__init__()
-        self.num_steps, self.block_size, self.pad, self.mode = num_steps, block_size, pad, mode
-        self.scale, self.layout = scale, layout
+        (self.num_steps, self.block_size, self.pad, self.mode, self.scale, _, self.layout) = _monarch_options(
+            "MonarchAttention", num_steps, block_size, pad, mode, scale, None, layout)
 
     def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return monarch_attention(
@@ -255,7 +298,10 @@ class PerformerAttention(torch.nn.Module):
     def __init__(self, num_features: int, *, seed: Optional[int] = None, scale: Optional[float] = None,
                  layout: str = "bshd"):
         super().__init__()
-        self.num_features, self.seed, self.scale, self.layout = num_features, seed, scale, layout
+        where = "PerformerAttention"
+        self.num_features = _check.integer(num_features, where, "num_features")
+        self.seed = _check.optional_integer(seed, where, "seed")
+        self.scale, self.layout = _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout")
 
     def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return performer_attention(q, k, v, self.num_features, seed=self.seed, key_padding_mask=key_padding_mask,
@@ -268,7 +314,10 @@ class NystromAttention(torch.nn.Module):
     def __init__(self, num_landmarks: int, *, pinv_iters: int = 6, scale: Optional[float] = None,
                  layout: str = "bshd"):
         super().__init__()
-        self.num_landmarks, self.pinv_iters, self.scale, self.layout = num_landmarks, pinv_iters, scale, layout
+        where = "NystromAttention"
+        self.num_landmarks = _check.integer(num_landmarks, where, "num_landmarks")
+        self.pinv_iters = _check.integer(pinv_iters, where, "pinv_iters")
+        self.scale, self.layout = _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout")
 
     def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return nystrom_attention(q, k, v, self.num_landmarks, pinv_iters=self.pinv_iters,
@@ -300,20 +349,40 @@ def convert_attention(
 
     Raises:
         ValueError: no site found, or an index out of range / repeated.
+        TypeError: ``make_attention`` not callable or returning something not callable (the model
+            is then left unchanged), an index that is not an int.
     """
+    where = "convert_attention"
+    if not isinstance(model, torch.nn.Module):
+        _check.fail(where, "model", "a torch.nn.Module", f"{type(model).__name__}", TypeError)
+    if not callable(make_attention):
+        _check.fail(where, "make_attention", "a callable i -> attention", f"{type(make_attention).__name__}", TypeError)
+    attr = _check.string(attr, where, "attr")
     sites = [(name, mod) for name, mod in model.named_modules() if callable(getattr(mod, attr, None))]
     if not sites:
         raise ValueError(f"convert_attention: no submodule of {type(model).__name__} has a callable attribute {attr!r}")
-    chosen = list(range(len(sites))) if layers is None else [int(i) for i in layers]
+    if layers is None:
+        chosen = list(range(len(sites)))
+    else:
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+            _check.fail(where, "layers", "an iterable of site indices (ints)", f"{layers!r}", TypeError)
+        chosen = [_check.integer(i, where, "layers") for i in layers]
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"convert_attention: argument 'layers': expected distinct indices, got {chosen}")
     for i in chosen:
         if not 0 <= i < len(sites):
             raise ValueError(f"convert_attention: argument 'layers': expected indices in [0, {len(sites)}), got {i}")
-    converted = []
+    # Build every replacement before installing any: a bad one leaves the model unchanged.
+    made = []
     for i in chosen:
-        name, mod = sites[i]
         new = make_attention(i)
+        if not callable(new):
+            _check.fail(where, "make_attention", f"a callable (q, k, v, key_padding_mask) -> out for site {i}",
+                        f"{new!r} ({type(new).__name__})", TypeError)
+        made.append(new)
+    converted = []
+    for i, new in zip(chosen, made):
+        name, mod = sites[i]
         if attr in mod._modules and not isinstance(new, torch.nn.Module):
             delattr(mod, attr)  # a registered submodule cannot be overwritten by a plain callable
         setattr(mod, attr, new)

@@ -29,11 +29,6 @@ void check_tensor(const char* where, const char* arg, const TensorView& t, Layou
   STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
 }
 
-void check_seq_len(const char* where, const char* arg, int64_t seq) {
-  STRATA_CHECK_ARG(seq < kMaxSeqLen, where, arg, detail::cat("seq < 2^24 = ", kMaxSeqLen, " (positions exact in fp32)"),
-                   seq);
-}
-
 }  // namespace
 
 std::string DTypes::names() const {
@@ -77,9 +72,17 @@ AttnDims check_qkv(const char* where, const TensorView& q, const TensorView& k, 
   const Dims dv = dims_of(v, l);
   STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
   check_4d(where, "v", v, l, q.dtype, dq.b, dk.s, dk.h, dv.d, "(batch of q, seq and heads of k)");
-  check_seq_len(where, "q", dq.s);
-  check_seq_len(where, "k", dk.s);
   return {dq.b, dq.s, dk.s, dq.h, dk.h, dq.d, dv.d, q.dtype};
+}
+
+void check_positions(const char* where, int64_t seqlen_q, int64_t seqlen_k, const char* keys_note) {
+  STRATA_CHECK_ARG(seqlen_q < kMaxSeqLen, where, "q",
+                   detail::cat("seq < 2^24 = ", kMaxSeqLen, " (positions are exact in the kernel's fp32 lanes)"),
+                   seqlen_q);
+  STRATA_CHECK_ARG(seqlen_k < kMaxSeqLen, where, "k",
+                   detail::cat("seq < 2^24 = ", kMaxSeqLen, " (positions are exact in the kernel's fp32 lanes)",
+                               keys_note),
+                   seqlen_k);
 }
 
 void check_out(const char* where, const TensorView& o, Layout l, const AttnDims& d) {

@@ -1,8 +1,10 @@
 // src/cpu/attention.cpp: the public dense-attention entry points: argument checks (every error
-// names the argument), TensorView -> DenseAttnParams, ISA dispatch, and the paper's GSWA
-// composition. Semantics: include/strata/attention.h.
+// names the argument), TensorView -> DenseAttnParams, the keys a window cannot reach left out
+// before the kernels run, ISA dispatch, and the paper's GSWA composition.
+// Semantics: include/strata/attention.h.
 #include "strata/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -96,6 +98,62 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   return p;
 }
 
+// ---- Keys no query can reach -----------------------------------------------------------------
+// With a left window bound and no global tokens every query row's keys lie in the suffix
+// [k0, seqlen_k): the last row sits at position seqlen_k - 1 and row i's window starts at
+// p_i - window_left, growing with i, so k0 = max(0, p_0 - window_left), p_0 = seqlen_k - seqlen_q.
+// The kernels then run on that suffix alone: bottom-right positions shift by k0 for queries and
+// keys alike, so every mask and every result is the same, and the packed operands and workspaces
+// are sized by what the window touches (window + seqlen_q keys), not by the sequence (a window
+// over 2^31 keys of an expanded tensor allocated in proportion to the 2^31).
+int64_t first_reachable_key(const DenseAttnParams& p) {
+  if (p.window_left < 0 || p.num_global > 0) return 0;
+  return std::clamp<int64_t>(p.seqlen_k - p.seqlen_q - p.window_left, 0, p.seqlen_k);
+}
+
+// Moves the key-side views (k, v, the key padding mask, the bias; dk, dv for the backward) to
+// start at key k0 and shortens seqlen_k accordingly.
+void drop_leading_keys(DenseAttnParams& p, int64_t k0, bool backward) {
+  if (k0 == 0) return;
+  const int64_t esz = dtype_size(p.dtype);
+  auto shift = [&](Strided4& t) { t.data = static_cast<char*>(t.data) + k0 * t.ss * esz; };
+  shift(p.k);
+  shift(p.v);
+  if (backward) {
+    shift(p.dk);
+    shift(p.dv);
+  }
+  if (p.key_padding_mask) p.key_padding_mask += k0 * p.kpm_ss;
+  if (p.bias) p.bias = static_cast<const char*>(p.bias) + k0 * p.bias_sk * dtype_size(p.bias_dtype);
+  p.seqlen_k -= k0;
+}
+
+// The kernels compare positions in fp32 lanes (exact below 2^24; a causal forward over 2^24 + 300
+// keys silently dropped the newest keys of every row): the queries and the keys within their reach
+// must stay below that. A window bounds the reach (drop_leading_keys runs first), so windowed
+// attention over longer sequences still runs.
+void check_positions_exact(const char* where, const DenseAttnParams& p) {
+  check_positions(where, p.seqlen_q, p.seqlen_k, " (keys within the queries' reach: window_left bounds it)");
+}
+
+// Writes zeros to the first n positions (along the seq dim of layout l) of a 4-D view: the
+// gradients of keys no query reaches.
+void zero_leading_positions(const TensorView& t, Layout l, int64_t n) {
+  if (n == 0) return;
+  TensorView s = t;
+  s.shape[cpu::kSeqDim[int(l)]] = n;
+  const int64_t n0 = s.shape[0], n1 = s.shape[1], n2 = s.shape[2], n3 = s.shape[3];
+  parallel_for(n0 * n1, 1, [&](int64_t begin, int64_t end, int) {
+    int64_t idx[4];
+    for (int64_t r = begin; r < end; ++r) {
+      idx[0] = r / n1;
+      idx[1] = r % n1;
+      for (idx[2] = 0; idx[2] < n2; ++idx[2])
+        for (idx[3] = 0; idx[3] < n3; ++idx[3]) s.set(idx, 0.f);
+    }
+  });
+}
+
 void run_forward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).forward(p); }
 void run_backward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).backward(p); }
 
@@ -103,7 +161,10 @@ void run_backward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernel
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView& lse, const AttentionOptions& opt) {
-  run_forward(make_params("attention_forward", q, k, v, o, lse, opt));
+  DenseAttnParams p = make_params("attention_forward", q, k, v, o, lse, opt);
+  drop_leading_keys(p, first_reachable_key(p), /*backward=*/false);
+  check_positions_exact("attention_forward", p);
+  run_forward(p);
 }
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -118,6 +179,11 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
+  const int64_t k0 = first_reachable_key(p);
+  zero_leading_positions(dk, L, k0);  // keys no query reaches get no gradient
+  zero_leading_positions(dv, L, k0);
+  drop_leading_keys(p, k0, /*backward=*/true);
+  check_positions_exact(where, p);
   run_backward(p);
 }
 
@@ -165,12 +231,18 @@ GswaBranches gswa_branches(const char* where, const TensorView& q, const PaperGs
   STRATA_CHECK_ARG(opt.split_a >= 1 && opt.split_a < D, where, "split_a",
                    detail::cat("1..", D - 1, " (head dims of the global branch; head_dim is ", D, ")"), opt.split_a);
   STRATA_CHECK_ARG(opt.window >= 0, where, "window", ">= 0", opt.window);
+  STRATA_CHECK_ARG(std::isnan(opt.scale_a) || std::isfinite(opt.scale_a), where, "scale_a",
+                   "a finite number (or NaN for 8 / split_a)", opt.scale_a);
+  STRATA_CHECK_ARG(std::isnan(opt.scale_b) || std::isfinite(opt.scale_b), where, "scale_b",
+                   "a finite number (or NaN for 8 / (head_dim - split_a))", opt.scale_b);
   GswaBranches g;
   g.D = D;
-  g.a.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(D))) : opt.scale;
   g.a.causal = true;
   g.a.layout = opt.layout;
   g.b = g.a;
+  // The reference code's defaults: 8 / (the branch's head dims), per branch.
+  g.a.scale = std::isnan(opt.scale_a) ? float(8.0 / double(opt.split_a)) : opt.scale_a;
+  g.b.scale = std::isnan(opt.scale_b) ? float(8.0 / double(D - opt.split_a)) : opt.scale_b;
   g.b.window_left = opt.window;
   g.b.window_right = 0;
   return g;

@@ -28,6 +28,7 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   check_out(where, o, L, d);
   check_lse(where, lse, d);
   validate(where, opt, d);
+  check_positions(where, d.seqlen_q, d.seqlen_k);
 
   MlrParams p;
   p.lv = cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);

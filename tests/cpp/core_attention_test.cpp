@@ -433,7 +433,9 @@ TEST(Attention, EmptySizesAreNoOps) {
   EXPECT_NO_THROW(attention_forward(q0, k0, k0, o0, TensorView(lse.data(), DType::f32, {0, 1, 2}), opt));
 }
 
-TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
+// paper_gswa_forward / _backward with the given per-branch scales (NaN: the default) against the
+// two probability matrices materialised in double with scales want_a, want_b.
+void expect_gswa_is_sum_of_two_softmax_branches(float scale_a, float scale_b, double want_a, double want_b) {
   const int64_t B = 1, N = 50, H = 2, D = 24, a = 8, w = 6;
   std::mt19937 rng(11);
   auto mk = [&](int64_t n, int64_t d) { Owned4 t(B, n, H, d, DType::f32, Layout::BSHD); t.fill_random(rng); return t; };
@@ -445,6 +447,8 @@ TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
   PaperGswaOptions opt;
   opt.split_a = a;
   opt.window = w;
+  opt.scale_a = scale_a;
+  opt.scale_b = scale_b;
   TensorView lav(la.data(), DType::f32, {B, H, N}), lbv(lb.data(), DType::f32, {B, H, N});
   paper_gswa_forward(q.view, k.view, v.view, o.view, oa.view, ob.view, lav, lbv, opt);
   Owned4 dq(B, N, H, D, DType::f32, Layout::BSHD), dk = dq, dv = dq;
@@ -453,14 +457,15 @@ TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
   dv.view.data = dv.buf.data();
   paper_gswa_backward(q.view, k.view, v.view, oa.view, ob.view, lav, lbv, g.view, dq.view, dk.view, dv.view, opt);
 
-  // Independent check: materialise the two probability matrices in double and add them.
-  const double scale = 1.0 / std::sqrt(double(D));
+  // Independent check: materialise the two probability matrices in double and add them (the
+  // scales rounded to float, as the core stores them).
   double max_err_o = 0, max_o = 0, max_err_dv = 0, max_dv = 0;
   std::vector<double> dvref(size_t(N * H * D), 0.0);
   for (int64_t h = 0; h < H; ++h) {
     std::vector<double> P(size_t(N * N), 0.0);
     for (int branch = 0; branch < 2; ++branch) {
       const int64_t d0 = branch ? a : 0, d1 = branch ? D : a;
+      const double scale = double(float(branch ? want_b : want_a));
       for (int64_t i = 0; i < N; ++i) {
         std::vector<double> s(size_t(N), -INFINITY);
         double mx = -INFINITY;
@@ -494,6 +499,18 @@ TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
   EXPECT_LE(max_err_dv / max_dv, 1e-4);
   // row 0 of both branches sees only key 0: P rows sum to 2 there, so o[0] = 2 v[0]
   EXPECT_NEAR(o.at(0, 0, 0, 0, Layout::BSHD), 2 * v.at(0, 0, 0, 0, Layout::BSHD), 1e-5);
+}
+
+// Default scales: the reference code's (CausalSelfGlobalSlidingWindowAttention) 8/a for the
+// global branch and 8/b for the windowed one; a = 8, b = 24 - 8 = 16.
+TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
+  expect_gswa_is_sum_of_two_softmax_branches(NAN, NAN, 8.0 / 8, 8.0 / 16);
+}
+
+// A given scale overrides its own branch's default only.
+TEST(Attention, PaperGswaPerBranchScalesOverride) {
+  expect_gswa_is_sum_of_two_softmax_branches(0.2f, NAN, 0.2, 8.0 / 16);
+  expect_gswa_is_sum_of_two_softmax_branches(NAN, 0.7f, 8.0 / 8, 0.7);
 }
 
 // ---- bad input ------------------------------------------------------------------------------------
@@ -587,6 +604,35 @@ TEST_F(BadInput, BackwardGradShape) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'dq'"), std::string::npos) << e.what();
   }
+}
+TEST_F(BadInput, GswaNonFiniteScale) {
+  PaperGswaOptions g;
+  g.split_a = 4;
+  g.window = 2;
+  g.scale_b = INFINITY;
+  try {
+    paper_gswa_forward(q, k, v, o, o, o, lv, lv, g);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("paper_gswa_forward: argument 'scale_b'"), std::string::npos) << e.what();
+  }
+}
+// 2^24 keys in reach of a causal mask: the forward's fp32 positions would be inexact (it dropped
+// the newest keys of every row); a clear error instead. Stride-0 k and v: no memory needed.
+TEST_F(BadInput, CausalOver2To24KeysInReach) {
+  for (TensorView* t : {&k, &v}) {
+    t->shape[1] = (int64_t(1) << 24) + 300;
+    t->stride[1] = 0;
+  }
+  opt.causal = true;
+  expect_error({"attention_forward: argument 'k'", "16777216", "16777516"});
+  opt.window_left = 64;  // a window bounds the reach: the same call is fine
+  EXPECT_NO_THROW(attention_forward(q, k, v, o, lv, opt));
+}
+TEST_F(BadInput, BiasDtypeNamesOnlyAcceptedDtypes) {
+  std::vector<double> bias(64, 0.0);
+  opt.bias = TensorView(bias.data(), DType::f64, {1, 1, 8, 8});
+  expect_error({"'bias'", "expected dtype float32, got float64"});
 }
 TEST_F(BadInput, GswaSplitOutOfRange) {
   PaperGswaOptions g;

@@ -255,38 +255,48 @@ TEST(TorchAttention, FullyMaskedRowsAreZeroWithZeroGrad) {
   }
 }
 
-TEST(TorchAttention, PaperGswaMatchesComposition) {
+// GSWA against its definition: softmax_causal(s_a q_a k_a^T) V + softmax_window(s_b q_b k_b^T) V.
+// scales: (s_a, s_b) passed to paper_gswa_attention (nullopt = the default); want: the values the
+// truth uses, rounded to float32 as the core stores AttentionOptions::scale.
+void expect_gswa_matches_composition(std::optional<double> scale_a, std::optional<double> scale_b, double want_a,
+                                     double want_b) {
   at::manual_seed(6);
   const Shape s{2, 21, 21, 3, 3, 12, 10};
   const int64_t split = 5, window = 4;
+  const double sa = double(float(want_a)), sb = double(float(want_b));
   for (at::ScalarType t : {at::kDouble, at::kFloat}) {
     auto [q, k, v] = make_qkv(s, t);
     const at::Tensor g = at::randn({s.b, s.nq, s.hq, s.dv});
     const auto got = out_and_grads(
-        [&](auto& x, auto& y, auto& z) { return st::paper_gswa_attention(x, y, z, split, window); }, q, k, v, g);
-    // O = softmax_causal(s q_a k_a^T) V + softmax_window(s q_b k_b^T) V, s = 1/sqrt(full head_dim)
-    // rounded to float32 as the core stores it (AttentionOptions::scale is a float).
-    const double scale = double(float(1.0 / std::sqrt(double(s.d))));
+        [&](auto& x, auto& y, auto& z) { return st::paper_gswa_attention(x, y, z, split, window, scale_a, scale_b); },
+        q, k, v, g);
     const at::Tensor ma = allowed_mask(s.nq, s.nk, true), mb = allowed_mask(s.nq, s.nk, true, window, 0);
-    const auto want = out_and_grads(
-        [&](auto& x, auto& y, auto& z) {
-          return sdpa_bshd(x.narrow(3, 0, split), y.narrow(3, 0, split), z, ma, scale) +
-                 sdpa_bshd(x.narrow(3, split, s.d - split), y.narrow(3, split, s.d - split), z, mb, scale);
-        },
-        q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g);
+    const auto composition = [&](auto& x, auto& y, auto& z) {
+      return sdpa_bshd(x.narrow(3, 0, split), y.narrow(3, 0, split), z, ma, sa) +
+             sdpa_bshd(x.narrow(3, split, s.d - split), y.narrow(3, split, s.d - split), z, mb, sb);
+    };
+    const auto want = out_and_grads(composition, q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g);
     if (t == at::kDouble) {
       // float64 reference vs float64 SDPA: same math up to summation order.
       for (size_t i = 0; i < 4; ++i) EXPECT_LE(rel_err(got[i], want[i]), 1e-12) << "tensor " << i;
     } else {
-      const auto torch32 = out_and_grads(
-          [&](auto& x, auto& y, auto& z) {
-            return sdpa_bshd(x.narrow(3, 0, split), y.narrow(3, 0, split), z, ma, scale) +
-                   sdpa_bshd(x.narrow(3, split, s.d - split), y.narrow(3, split, s.d - split), z, mb, scale);
-          },
-          q, k, v, g);
-      expect_as_close_as_torch(got, want, torch32, kFp32Floor, "paper GSWA fp32");
+      expect_as_close_as_torch(got, want, out_and_grads(composition, q, k, v, g), kFp32Floor, "paper GSWA fp32");
     }
   }
+}
+
+// Default scales: the reference code's 8/a for the global branch and 8/b for the windowed one
+// (CausalSelfGlobalSlidingWindowAttention; a = 5, b = 12 - 5 = 7).
+TEST(TorchAttention, PaperGswaDefaultScalesAreTheReferenceCodes) {
+  expect_gswa_matches_composition(std::nullopt, std::nullopt, 8.0 / 5, 8.0 / 7);
+}
+
+// A given scale overrides its own branch only.
+TEST(TorchAttention, PaperGswaPerBranchScalesOverride) {
+  expect_gswa_matches_composition(0.3, std::nullopt, 0.3, 8.0 / 7);
+  expect_gswa_matches_composition(std::nullopt, 0.45, 8.0 / 5, 0.45);
+  expect_gswa_matches_composition(1.0 / std::sqrt(12.0), 1.0 / std::sqrt(12.0), 1.0 / std::sqrt(12.0),
+                                  1.0 / std::sqrt(12.0));
 }
 
 TEST(TorchAttention, ErrorsNameTheArgument) {
@@ -303,9 +313,17 @@ TEST(TorchAttention, ErrorsNameTheArgument) {
   st::AttentionArgs a;
   EXPECT_NE(message([&] { st::view_of(at::randn({2}, at::kMeta), "q"); }).find("argument 'q': expected a CPU tensor"),
             std::string::npos);
+  // The dtypes the function accepts, not every dtype a view can hold (issue 9 item 10).
   EXPECT_NE(message([&] { st::attention_forward(q.to(at::kInt), k, v, a); })
-                .find("attention_forward: argument 'q': expected dtype float32, bfloat16, float64, uint8 or bool, "
-                      "got int32"),
+                .find("attention_forward: argument 'q': expected dtype float32 or bfloat16, got int32"),
+            std::string::npos);
+  EXPECT_NE(message([&] { st::attention(q.to(at::kInt), k, v, a); })
+                .find("attention: argument 'q': expected dtype float32, bfloat16 or float64, got int32"),
+            std::string::npos);
+  st::AttentionArgs f64_bias;
+  f64_bias.bias = at::zeros({4, 5}, at::kDouble);
+  EXPECT_NE(message([&] { st::attention_forward(q, k, v, f64_bias); })
+                .find("argument 'bias': expected dtype float32, got float64"),
             std::string::npos);
   EXPECT_NE(message([&] { st::attention_forward(q, at::randn({1, 5, 2, 7}), v, a); }).find("argument 'k'"),
             std::string::npos);
@@ -328,6 +346,9 @@ TEST(TorchAttention, ErrorsNameTheArgument) {
   grad_bias.bias = at::zeros({4, 5}).requires_grad_();
   EXPECT_NE(message([&] { st::attention(q, k, v, grad_bias); }).find("argument 'bias'"), std::string::npos);
   EXPECT_NE(message([&] { st::paper_gswa_attention(q, k, v, 8, 2); }).find("argument 'split_a'"),
+            std::string::npos);
+  EXPECT_NE(message([&] { st::paper_gswa_attention(q, k, v, 3, 2, std::nullopt, INFINITY); })
+                .find("paper_gswa_attention: argument 'scale_b'"),
             std::string::npos);
   EXPECT_THROW(st::attention_forward(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), a), strata::Error);
 }
@@ -388,6 +409,41 @@ TEST(TorchAttention, OpsCallableThroughDispatcher) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("attention_forward: argument 'k'"), std::string::npos)
         << e.what_without_backtrace();
   }
+}
+
+// The kernels alone are not differentiable (issue 9 item 9): through the dispatcher (as from
+// Python) their outputs do not require grad even when the inputs do, rather than requiring grad
+// and leaving the inputs without a gradient at backward. The C++ functions behave the same.
+TEST(TorchAttention, ForwardAndBackwardOpsAreNotDifferentiable) {
+  at::manual_seed(9);
+  const Shape s{1, 6, 6, 2, 2, 8, 8};
+  auto [q, k, v] = make_qkv(s, at::kFloat);
+  for (at::Tensor* t : {&q, &k, &v}) t->requires_grad_();
+  ASSERT_TRUE(at::GradMode::is_enabled());
+  auto& dispatcher = c10::Dispatcher::singleton();
+  using Fwd = std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool, int64_t, int64_t, int64_t,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view);
+  auto [out, lse] = dispatcher.findSchemaOrThrow("strata::attention_forward", "")
+                        .typed<Fwd>()
+                        .call(q, k, v, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
+  EXPECT_FALSE(out.requires_grad());
+  EXPECT_FALSE(lse.requires_grad());
+  using Bwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      std::optional<double>, bool, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, c10::string_view);
+  const at::Tensor g = at::randn_like(out).requires_grad_();
+  auto [dq, dk, dv] =
+      dispatcher.findSchemaOrThrow("strata::attention_backward", "")
+          .typed<Bwd>()
+          .call(q, k, v, out, lse, g, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
+  for (const at::Tensor& t : {dq, dk, dv}) EXPECT_FALSE(t.requires_grad());
+  st::AttentionArgs a;
+  a.causal = true;
+  EXPECT_FALSE(std::get<0>(st::attention_forward(q, k, v, a)).requires_grad());
+  EXPECT_FALSE(std::get<0>(st::attention_backward(q, k, v, out, lse, g, a)).requires_grad());
+  EXPECT_TRUE(st::attention(q, k, v, a).requires_grad());  // the differentiable one still is
 }
 
 TEST(TorchAttention, Bfloat16ForwardAndBackwardCloseToFloat64) {

@@ -137,6 +137,13 @@ FP32_CASES = {
     "mqa_global_window": dict(shape=(1, 45, 45, 4, 1, 32, 48), opts=dict(window=(5, 5), num_global=3)),
     "padding_bias": dict(shape=(2, 33, 47, 4, 2, 16, 16), opts=dict(causal=True, mask=True, bias=True)),
     "bhsd": dict(shape=(2, 30, 38, 4, 2, 24, 24), opts=dict(causal=True, window=(9, 3), layout="bhsd")),
+    # A window shorter than the prefix (seq_k - seq_q > left): the kernels run on the keys the
+    # window reaches only (src/cpu/attention.cpp, first_reachable_key); the others get zero dk, dv.
+    "decode_window_prefix": dict(shape=(2, 3, 70, 2, 2, 16, 16), opts=dict(causal=True, window=(9, 0))),
+    "prefill_window_prefix_mask_bias": dict(shape=(2, 20, 150, 4, 2, 24, 20),
+                                            opts=dict(causal=True, window=(7, 2), mask=True, bias=True)),
+    "window_prefix_not_causal_bhsd": dict(shape=(1, 33, 160, 2, 1, 16, 16),
+                                          opts=dict(window=(30, 4), layout="bhsd")),
 }
 
 
@@ -197,6 +204,22 @@ def test_forward_lse_and_backward_ops_are_consistent():
         assert torch.equal(a, b)
 
 
+def test_window_over_a_huge_expanded_key_tensor_needs_only_the_window():
+    """2^31 keys (an expanded tensor: no memory) and a causal window of 16: the forward touches 16
+    + seq_q keys, so its workspace is that size (it was 2^31 x head_dim floats: an allocation error).
+    Every key is the same row, so each query's probabilities are uniform over its window:
+    out = v's row and lse = log(17) + scale * q . k (exact up to fp32 roundoff)."""
+    n, d, w = 2**31, 16, 16
+    g = torch.Generator().manual_seed(15)
+    q = torch.randn(1, 8, 2, d, generator=g)
+    k_row, v_row = torch.randn(1, 1, 2, d, generator=g), torch.randn(1, 1, 2, d, generator=g)
+    k, v = k_row.expand(1, n, 2, d), v_row.expand(1, n, 2, d)
+    out, lse = strata.attention_forward(q, k, v, causal=True, window=(w, 0))
+    want_lse = math.log(w + 1) + torch.einsum("bihd,bjhd->bhi", q.double(), k_row.double()) / math.sqrt(d)
+    assert rel_err(out, v_row.expand_as(out)) <= FP32_FLOOR
+    assert rel_err(lse, want_lse) <= FP32_FLOOR
+
+
 def test_output_follows_memory_order_of_q():
     q, k, v = rand_qkv(2, 9, 11, 3, 3, 8, 8, torch.float32, gen_seed=6)
     out = strata.attention(q, k, v)
@@ -241,24 +264,39 @@ def test_bfloat16_forward_matches_sdpa(causal):
 # ---- paper GSWA -----------------------------------------------------------------------------
 
 
+# (scale_a, scale_b) passed (None: the default) -> the scales the composition must use. The
+# defaults are the reference code's 8/a and 8/b (CausalSelfGlobalSlidingWindowAttention); a = 5,
+# b = 12 - 5 = 7 below. A given scale overrides its own branch only.
+GSWA_SCALES = {
+    "reference_defaults": ((None, None), (8 / 5, 8 / 7)),
+    "scale_a_given": ((0.3, None), (0.3, 8 / 7)),
+    "scale_b_given": ((None, 0.45), (8 / 5, 0.45)),
+    "both_given": ((1 / math.sqrt(12), 1 / math.sqrt(12)), (1 / math.sqrt(12), 1 / math.sqrt(12))),
+}
+
+
+@pytest.mark.parametrize("scales", list(GSWA_SCALES))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_paper_gswa_matches_explicit_composition(dtype):
+def test_paper_gswa_matches_explicit_composition(dtype, scales):
     b, n, h, d, dv, a, w = 2, 23, 3, 12, 10, 5, 4
     q, k, v = rand_qkv(b, n, n, h, h, d, dv, dtype, gen_seed=9)
-    # Scale 1/sqrt(full head_dim), rounded to float32 as the core stores it.
-    scale = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
+    (scale_a, scale_b), want_scales = GSWA_SCALES[scales]
+    # Rounded to float32 as the core stores them (AttentionOptions::scale is a float).
+    sa, sb = (float(torch.tensor(s, dtype=torch.float32)) for s in want_scales)
 
     def composition(q, k, v):
         """P_a V + P_b V with explicit softmaxes (no renormalisation of the sum)."""
         out = 0
-        for dims, mask in ((slice(0, a), allowed_mask(n, n, True)), (slice(a, d), allowed_mask(n, n, True, (w, 0)))):
+        for dims, mask, scale in ((slice(0, a), allowed_mask(n, n, True), sa),
+                                  (slice(a, d), allowed_mask(n, n, True, (w, 0)), sb)):
             s = torch.einsum("bihd,bjhd->bhij", q[..., dims], k[..., dims]) * scale
             p = torch.softmax(s.masked_fill(~mask, -math.inf), -1)
             out = out + torch.einsum("bhij,bjhd->bihd", p, v)
         return out
 
     g = torch.randn(b, n, h, dv, generator=torch.Generator().manual_seed(10))
-    got = out_and_grads(lambda q, k, v: strata.paper_gswa_attention(q, k, v, a, w), q, k, v, g)
+    got = out_and_grads(lambda q, k, v: strata.paper_gswa_attention(q, k, v, a, w, scale_a=scale_a, scale_b=scale_b),
+                        q, k, v, g)
     want = out_and_grads(composition, q.double(), k.double(), v.double(), g)
     if dtype == torch.float64:
         # the double reference vs the same math in another order: roundoff only
@@ -266,6 +304,58 @@ def test_paper_gswa_matches_explicit_composition(dtype):
             assert rel_err(x, y) <= 1e-12, f"tensor {i}"
     else:
         assert_as_close_as_torch(got, want, out_and_grads(composition, q, k, v, g), FP32_FLOOR, "gswa fp32")
+
+
+def test_gradcheck_paper_gswa_float64_given_scales():
+    q, k, v = rand_qkv(1, 6, 6, 2, 2, 5, 3, torch.float64, gen_seed=13)
+    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: strata.paper_gswa_attention(q, k, v, 3, 2, scale_a=0.7, scale_b=1.3), inputs)
+
+
+# ---- the kernels alone are not differentiable -------------------------------------------------
+
+
+def _kernel_calls():
+    """name -> a call of each *_forward / *_backward op on inputs that require grad, returning its outputs."""
+    def qkv():
+        return [t.requires_grad_() for t in rand_qkv(1, 8, 8, 2, 2, 4, 4, torch.float32, gen_seed=14)]
+
+    def attn_bwd():
+        q, k, v = qkv()
+        out, lse = strata.attention_forward(q, k, v)
+        return strata.attention_backward(q, k, v, out, lse, torch.ones_like(out).requires_grad_())
+
+    def mlr_bwd():
+        q, k, v = qkv()
+        out, lse = strata.mlr_attention_forward(q, k, v, [2, 2])
+        return strata.mlr_attention_backward(q, k, v, out, lse, torch.ones_like(out).requires_grad_(), [2, 2])
+
+    def monarch_bwd():
+        q, k, v = qkv()
+        out, state = strata.monarch_attention_forward(q, k, v, num_steps=2, block_size=2)
+        return strata.monarch_attention_backward(q, k, v, state, torch.ones_like(out).requires_grad_(), num_steps=2,
+                                                 block_size=2)
+
+    return {
+        "attention_forward": lambda: strata.attention_forward(*qkv()),
+        "attention_backward": attn_bwd,
+        "mlr_attention_forward": lambda: strata.mlr_attention_forward(*qkv(), [2, 2]),
+        "mlr_attention_backward": mlr_bwd,
+        "monarch_attention_forward": lambda: strata.monarch_attention_forward(*qkv(), num_steps=2, block_size=2),
+        "monarch_attention_backward": monarch_bwd,
+    }
+
+
+@pytest.mark.parametrize("name", list(_kernel_calls()))
+def test_kernel_ops_are_not_differentiable(name):
+    """Outputs never require grad (documented in the package docstring): backward through them
+    raises instead of silently leaving q.grad None, as it did with torch's autograd fallback."""
+    outs = _kernel_calls()[name]()
+    for t in outs:
+        assert not t.requires_grad and t.grad_fn is None, name
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        outs[0].sum().backward()
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -287,7 +377,7 @@ ERROR_CASES = {
     "mask_shape": (lambda q, k, v: strata.attention(q, k, v, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)),
                    "argument 'key_padding_mask': expected shape [1, 5]"),
     "mask_dtype": (lambda q, k, v: strata.attention(q, k, v, key_padding_mask=torch.ones(1, 5)),
-                   "argument 'key_padding_mask': expected dtype uint8"),
+                   "argument 'key_padding_mask': expected dtype bool or uint8"),
     "bias_shape": (lambda q, k, v: strata.attention(q, k, v, bias=torch.zeros(3, 4, 5)),
                    "argument 'bias': expected 4-D, broadcastable"),
     "bias_requires_grad": (lambda q, k, v: strata.attention(q, k, v, bias=torch.zeros(4, 5, requires_grad=True)),

@@ -321,7 +321,8 @@ def test_double_backward_raises_instead_of_silently_dropping_terms():
 @pytest.mark.parametrize("qk_layernorm", [False, True])
 def test_module_trains_one_sgd_step_and_loss_drops(qk_layernorm):
     torch.manual_seed(0)
-    m = strata.MLRAttention(64, 4, [8, 4, 2, 2], num_kv_heads=2, qk_layernorm=qk_layernorm, level_average=True)
+    m = strata.MLRAttention(64, 4, [8, 4, 2, 2], num_kv_heads=2, qk_layernorm=qk_layernorm, level_average=True,
+                            context=40)
     x = torch.randn(2, 33, 64)
     target = torch.randn(2, 33, 64)
     y = m(x)
@@ -342,7 +343,7 @@ def test_module_is_its_parts():
     """forward = out_proj(mlr_attention(LN(q_proj x), LN(k_proj x), v_proj x)) with the dense truth."""
     torch.manual_seed(1)
     m = strata.MLRAttention(24, 2, "6|4|2", qk_layernorm=True, bias=False, dtype=torch.float64,
-                            mask_cross_segment=True, scale="inv_sqrt_head_dim")
+                            mask_cross_segment=True, scale="inv_sqrt_head_dim", context=32)
     x = torch.randn(2, 30, 24, dtype=torch.float64)
     lists = [[7, 19], [12]]
     starts, offsets = strata.pack_segments(lists)
@@ -351,7 +352,7 @@ def test_module_is_its_parts():
     k = m.k_norm(m.k_proj(x).view(b, t, 2, 12))
     v = m.v_proj(x).view(b, t, 2, 12)
     assert m.q_norm.bias is None  # bias=False reaches the QK-LayerNorms too
-    want = m.out_proj(dense_mlr(q, k, v, [6, 4, 2], segment_lists=lists, mask_cross_segment=True,
+    want = m.out_proj(dense_mlr(q, k, v, [6, 4, 2], context=32, segment_lists=lists, mask_cross_segment=True,
                                 scale="inv_sqrt_head_dim").reshape(b, t, 24))
     assert rel_err(m(x, starts, offsets), want) <= 1e-12
 
@@ -418,10 +419,40 @@ def test_module_errors():
     with pytest.raises(ValueError, match="argument 'ranks': expected integers"):
         strata.MLRAttention(64, 4, "8|x")
     with pytest.raises(RuntimeError, match="argument 'scale'"):
-        strata.MLRAttention(64, 4, [8, 8], scale="x")
+        strata.MLRAttention(64, 4, [8, 8], scale="x", context=16)
     with pytest.raises(RuntimeError, match=r"argument 'block_sizes\[1\]'"):
         strata.MLRAttention(64, 4, [8, 8], block_sizes=[16, -5])
     with pytest.raises(RuntimeError, match="MLRAttention.forward: argument 'x'"):
-        strata.MLRAttention(16, 2, [4, 4])(torch.randn(2, 5, 15))
-    with pytest.raises(TypeError, match="argument 'segment_starts'"):
+        strata.MLRAttention(16, 2, [4, 4], context=8)(torch.randn(2, 5, 15))
+    with pytest.raises(TypeError, match=r"argument 'segment_starts\[0\]'"):
         strata.mlr_attention(*_qkv(), [4, 4], segment_starts=["a"])
+
+
+# ---- the module's blocks come from its context, not from the sequence's length ------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_module_output_at_a_position_does_not_depend_on_later_tokens(dtype):
+    """Causal forward over n tokens == the first n rows of the forward over n + m tokens: the blocks
+    are the context's, by absolute position (n not a multiple of the blocks, and n + m past the
+    context: blocks continue by absolute position)."""
+    torch.manual_seed(2)
+    m = strata.MLRAttention(32, 2, [8, 4, 2, 2], context=16, level_average=True, qk_layernorm=True, dtype=dtype)
+    x = torch.randn(2, 45, 32, dtype=dtype)
+    # float64 runs the double reference (roundoff only); float32 the kernel, whose rows of one
+    # query tile see the same keys in the same order either way: a few ulps at most.
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    with torch.no_grad():
+        for n, total in [(5, 7), (5, 16), (13, 29), (16, 45), (30, 45), (1, 45)]:
+            short, longer = m(x[:, :n]), m(x[:, :total])
+            assert rel_err(short, longer[:, :n]) <= tol, f"n={n}, n+m={total}"
+
+
+def test_module_with_levels_needs_a_context():
+    with pytest.raises(ValueError, match="MLRAttention: argument 'context': expected the model's context length"):
+        strata.MLRAttention(16, 2, [4, 4])
+    strata.MLRAttention(16, 2, [4, 4], block_sizes=[8, 4])  # explicit blocks are a context too
+    one_level = strata.MLRAttention(16, 2, [8], dtype=torch.float64)  # L = 1: dense, any length
+    x = torch.randn(1, 9, 16, dtype=torch.float64)
+    with torch.no_grad():
+        assert rel_err(one_level(x[:, :4]), one_level(x)[:, :4]) <= 1e-12

@@ -34,6 +34,9 @@ TensorView view_of(const at::Tensor& t, const char* arg);
 // Same, with `where` (the calling function's name) leading the error message.
 TensorView view_of(const at::Tensor& t, const char* where, const char* arg);
 
+// The kernels alone (attention_forward, attention_backward; also torch.ops.strata.attention_forward
+// and _backward) are NOT differentiable: their outputs never require grad, whatever the inputs.
+// For gradients use attention() below.
 // Returns (out: batch x seq_q x heads_q x head_dim_v in q's layout, lse: batch x heads_q x seq_q f32).
 std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& v, const AttentionArgs& a);
@@ -60,9 +63,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
     const AttentionArgs& a);
 
-// The paper's GSWA baseline (see core header): differentiable composition of two attentions.
+// The paper's GSWA baseline (see PaperGswaOptions in the core header): differentiable
+// composition of two attentions. scale_a / scale_b: the global / windowed branch's logit scale;
+// unset: the reference code's 8 / split_a and 8 / (head_dim - split_a).
 at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                int64_t split_a, int64_t window, std::optional<double> scale = {},
-                                const std::string& layout = "bshd");
+                                int64_t split_a, int64_t window, std::optional<double> scale_a = {},
+                                std::optional<double> scale_b = {}, const std::string& layout = "bshd");
 
 }  // namespace strata::torch

@@ -21,7 +21,7 @@
 namespace strata::torch {
 
 struct MonarchArgs {
-  int64_t num_steps = 1;                        // T >= 1
+  int64_t num_steps = 1;                        // T, 1..1024 (a bound against typos like 2**40)
   int64_t block_size = 0;                       // B >= 1; 0 = floor(sqrt(seq)); > seq = one block
   std::string pad = "post";                     // "post" | "pre" (zero-padding of seq to M*B)
   std::string mode = "stable";                  // "stable" | "reference" (ma_torch.py's arithmetic)
@@ -30,6 +30,8 @@ struct MonarchArgs {
   std::string layout = "bshd";                  // or "bhsd"
 };
 
+// The kernels alone (monarch_attention_forward / _backward, here and as torch.ops.strata.*) are
+// NOT differentiable: their outputs never require grad; use monarch_attention() for gradients.
 // Returns (out: batch x seq x heads_q x head_dim_v in q's layout and memory order, dtype of q;
 //          state: see above, the input of every R-step after the first, for the backward;
 //          undefined when save_state is false: inference needs no (T-1) x N x D copy per head).
