@@ -82,8 +82,7 @@ struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction>
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionArgs& a) {
   // q's dtype first, with this function's list (the kernel's own check would omit float64).
-  STRATA_CHECK_ARG(q.defined(), "attention", "q", "a defined tensor", "an undefined tensor");
-  binding::check_dtype_in("attention", "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
+  view_of(q, "attention", "q", kReferenceDTypes);
   // A bias that wants a gradient would silently get none: refuse it while grad mode is on.
   STRATA_CHECK_ARG(!(a.bias.has_value() && a.bias->defined() && a.bias->requires_grad() &&
                      at::GradMode::is_enabled()),
@@ -99,7 +98,7 @@ at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const 
   const char* where = "paper_gswa_attention";
   STRATA_CHECK_ARG(q.defined() && q.dim() == 4, where, "q", "a 4-D tensor",
                    q.defined() ? detail::cat(q.dim(), "-D ", q.sizes()) : std::string("an undefined tensor"));
-  binding::check_dtype_in(where, "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
+  view_of(q, where, "q", kReferenceDTypes);
   STRATA_CHECK_ARG(k.defined() && k.dim() == 4, where, "k", "a 4-D tensor",
                    k.defined() ? detail::cat(k.dim(), "-D ", k.sizes()) : std::string("an undefined tensor"));
   const int64_t D = q.size(3);

@@ -16,9 +16,7 @@ namespace strata::torch {
 namespace {
 
 using binding::cat;
-using binding::Dims4;
-using binding::dims;
-using binding::dims_str;
+using binding::shape_of;
 using binding::torch_dtype_name;
 
 // q, k, v as batch x heads x seq x dim (k, v expanded to heads_q for GQA), checked; the mask as
@@ -34,46 +32,34 @@ Prepared prepare(const char* where, const at::Tensor& q, const at::Tensor& k, co
                  const std::optional<at::Tensor>& key_padding_mask, std::optional<double> scale,
                  const std::string& layout) {
   const Layout l = binding::parse_layout(where, layout);
-  binding::check_4d(where, "q", q, l);
-  binding::check_4d(where, "k", k, l);
-  binding::check_4d(where, "v", v, l);
-  STRATA_CHECK_ARG(at::isFloatingType(q.scalar_type()), where, "q", "a floating-point dtype", torch_dtype_name(q));
-  STRATA_CHECK_ARG(k.scalar_type() == q.scalar_type(), where, "k",
-                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(k));
-  STRATA_CHECK_ARG(v.scalar_type() == q.scalar_type(), where, "v",
-                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(v));
-  STRATA_CHECK_ARG(k.device() == q.device(), where, "k", cat("a tensor on ", q.device().str(), " (as q)"),
-                   k.device().str());
-  STRATA_CHECK_ARG(v.device() == q.device(), where, "v", cat("a tensor on ", q.device().str(), " (as q)"),
-                   v.device().str());
-  const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  STRATA_CHECK_ARG(dk.b == dq.b && dk.s == dq.s && dk.d == dq.d, where, "k",
-                   cat(dims_str({dq.b, dq.s, dk.h, dq.d}),
-                       " (batch, seq and head_dim of q: self-attention only, no cross-attention)"),
-                   dims_str(dk));
-  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dq.s && dv.h == dk.h, where, "v",
-                   cat(dims_str({dq.b, dq.s, dk.h, dv.d}), " (batch and seq of q, heads of k)"), dims_str(dv));
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  STRATA_CHECK_ARG(q.defined() && at::isFloatingType(q.scalar_type()), where, "q", "a floating-point dtype",
+                   q.defined() ? torch_dtype_name(q) : std::string("an undefined tensor"));
+  for (const auto& [t, arg] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    STRATA_CHECK_ARG(t->defined() && t->scalar_type() == q.scalar_type(), where, arg,
+                     cat("dtype ", torch_dtype_name(q), " (same as q)"),
+                     t->defined() ? torch_dtype_name(*t) : std::string("an undefined tensor"));
+    STRATA_CHECK_ARG(t->device() == q.device(), where, arg, cat("a tensor on ", q.device().str(), " (as q)"),
+                     t->device().str());
+  }
+  // Shapes by the core's checks (any dtype and device here: the views carry sizes only).
+  const AttnDims d = check_qkv(where, shape_of(where, "q", q), shape_of(where, "k", k), shape_of(where, "v", v), l,
+                               DTypes{DType::f32}, /*self_attention=*/true);
   Prepared p;
   p.layout = l;
-  p.b = dq.b;
-  p.n = dq.s;
-  p.h = dq.h;
-  p.d = dq.d;
-  p.dv = dv.d;
+  p.b = d.batch;
+  p.n = d.seqlen_q;
+  p.h = d.heads_q;
+  p.d = d.head_dim;
+  p.dv = d.head_dim_v;
   if (scale.has_value()) {
     STRATA_CHECK_ARG(std::isfinite(*scale) && *scale >= 0, where, "scale",
                      "a finite number >= 0 (or None for 1/sqrt(head_dim))", *scale);
     p.scale = *scale;
   } else {
-    p.scale = 1.0 / std::sqrt(double(dq.d));
+    p.scale = 1.0 / std::sqrt(double(d.head_dim));
   }
   const auto heads_first = [&](const at::Tensor& t) { return l == Layout::BSHD ? t.transpose(1, 2) : t; };
-  const int64_t rep = dq.h / dk.h;
+  const int64_t rep = d.heads_q / d.heads_kv;
   p.q = heads_first(q);
   p.k = heads_first(k);
   p.v = heads_first(v);
@@ -83,13 +69,13 @@ Prepared prepare(const char* where, const at::Tensor& q, const at::Tensor& k, co
   }
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
     const at::Tensor& m = *key_padding_mask;
-    STRATA_CHECK_ARG(m.dim() == 2 && m.size(0) == dq.b && m.size(1) == dq.s, where, "key_padding_mask",
-                     cat("shape [", dq.b, ", ", dq.s, "] (batch, seq)"), m.sizes());
+    STRATA_CHECK_ARG(m.dim() == 2 && m.size(0) == d.batch && m.size(1) == d.seqlen_q, where, "key_padding_mask",
+                     cat("shape [", d.batch, ", ", d.seqlen_q, "] (batch, seq)"), m.sizes());
     STRATA_CHECK_ARG(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, where, "key_padding_mask",
                      "dtype bool or uint8", torch_dtype_name(m));
     p.mask = m.to(q.device()).to(at::kBool);
   } else {
-    p.mask = at::ones({dq.b, dq.s}, at::TensorOptions().dtype(at::kBool).device(q.device()));
+    p.mask = at::ones({d.batch, d.seqlen_q}, at::TensorOptions().dtype(at::kBool).device(q.device()));
   }
   return p;
 }

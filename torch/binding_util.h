@@ -1,8 +1,8 @@
 // torch/binding_util.h (private to torch/): the small pieces every binding file of a kernel
-// family needs: logical dims of a 4-D tensor in a layout, the "bshd" / "bhsd" parser, output
-// allocation in the memory order of an input, strata::Error -> c10::Error, the
-// once-differentiable guard for autograd Functions whose backward is a kernel, and the Autograd
-// kernel of the ops that are not differentiable.
+// family needs: q, k, v as views checked by the core (the checks themselves are the core's,
+// strata/checks.h), the "bshd" / "bhsd" parser, output allocation in the memory order of an
+// input, strata::Error -> c10::Error, the once-differentiable guard for autograd Functions whose
+// backward is a kernel, and the Autograd kernel of the ops that are not differentiable.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -19,58 +19,62 @@
 #include <string>
 #include <vector>
 
-#include "strata/attention.h"
+#include "strata/checks.h"
 #include "strata/error.h"
-#include "strata/torch/attention.h"  // view_of
+#include "strata/torch/view_of.h"
 
 namespace strata::torch::binding {
 
 using detail::cat;
 
-// Logical (batch, seq, heads, dim) of a 4-D tensor in a layout.
-struct Dims4 {
-  int64_t b, s, h, d;
-};
-inline constexpr int kSeqDim[2] = {1, 2}, kHeadDim[2] = {2, 1};
-
-// Dims of a 4-D tensor t (batch x seq x heads x dim in BSHD, dims 1 and 2 swapped in BHSD).
-inline Dims4 dims(const at::Tensor& t, Layout l) {
-  return {t.size(0), t.size(kSeqDim[int(l)]), t.size(kHeadDim[int(l)]), t.size(3)};
-}
-inline std::string dims_str(const Dims4& d) {
-  return cat("(batch=", d.b, ", seq=", d.s, ", heads=", d.h, ", dim=", d.d, ")");
-}
-inline const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "bhsd"; }
-
 // Torch's name of a tensor's dtype ("float32", "int64", ...).
 inline std::string torch_dtype_name(const at::Tensor& t) { return c10::getDtypeNames(t.scalar_type()).first; }
 
-// Throws naming `arg` unless t's dtype is one of `allowed`, e.g. "expected dtype float32 or
-// bfloat16, got int32". Run before view_of, whose own message lists every dtype a TensorView can
-// hold rather than the ones the caller accepts.
-inline void check_dtype_in(const char* where, const char* arg, const at::Tensor& t,
-                           std::initializer_list<at::ScalarType> allowed, const char* note = "") {
-  for (at::ScalarType a : allowed)
-    if (t.scalar_type() == a) return;
-  std::string list;
-  size_t i = 0;
-  for (at::ScalarType a : allowed) {
-    list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + std::string(c10::getDtypeNames(a).first);
-    ++i;
-  }
-  throw_arg(where, arg, cat("dtype ", list, note), torch_dtype_name(t));
+// q, k, v of an attention call as views, checked by the core (strata/checks.h): q's dtype among
+// `allowed`, k and v of q's dtype, then check_qkv. d: the call's sizes.
+struct QkvViews {
+  TensorView q, k, v;
+  AttnDims d;
+};
+inline QkvViews qkv_views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Layout l,
+                          const DTypes& allowed, bool self_attention = false) {
+  QkvViews r;
+  r.q = view_of(q, where, "q", allowed);
+  const DTypes same{r.q.dtype};
+  r.k = view_of(k, where, "k", same, " (same as q)");
+  r.v = view_of(v, where, "v", same, " (same as q)");
+  r.d = check_qkv(where, r.q, r.k, r.v, l, allowed, self_attention);
+  return r;
 }
 
-// The dtype checks of q, k and v before their views: q float32 or bfloat16 (or float64 with
-// allow_f64: the reference paths), k and v q's dtype. t must be defined (check_4d first).
-inline void check_qkv_dtypes(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             bool allow_f64) {
-  if (allow_f64)
-    check_dtype_in(where, "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
-  else
-    check_dtype_in(where, "q", q, {at::kFloat, at::kBFloat16});
-  check_dtype_in(where, "k", k, {q.scalar_type()}, " (same as q)");
-  check_dtype_in(where, "v", v, {q.scalar_type()}, " (same as q)");
+// A boolean mask (bool or uint8, nonzero = allowed) as a uint8 view.
+inline TensorView mask_view_of(const at::Tensor& t, const char* where, const char* arg) {
+  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
+  STRATA_CHECK_ARG(t.scalar_type() == at::kBool || t.scalar_type() == at::kByte, where, arg, "dtype bool or uint8",
+                   torch_dtype_name(t));
+  return view_of(t, where, arg);
+}
+
+// A view carrying only t's sizes and strides (dtype f32, a placeholder data pointer that is never
+// read), for running the core's shape checks on tensors the core cannot view: the pure-torch
+// baselines, which accept any floating dtype and device.
+inline TensorView shape_of(const char* where, const char* arg, const at::Tensor& t) {
+  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
+  STRATA_CHECK_ARG(t.dim() <= TensorView::kMaxDims, where, arg, cat("at most ", TensorView::kMaxDims, " dims"), t.dim());
+  static float placeholder;
+  TensorView v;
+  v.data = &placeholder;
+  v.ndim = int(t.dim());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = t.size(i);
+    v.stride[i] = t.stride(i);
+  }
+  return v;
+}
+
+// The sizes of a tensor with logical dims (b, s, h, d) in layout l.
+inline std::vector<int64_t> sizes_in(Layout l, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return l == Layout::BSHD ? std::vector<int64_t>{b, s, h, d} : std::vector<int64_t>{b, h, s, d};
 }
 
 // This machine's physical memory in bytes (0 when unknown).
@@ -104,43 +108,7 @@ inline Layout parse_layout(const char* where, const std::string& s) {
   throw_arg(where, "layout", "\"bshd\" or \"bhsd\"", cat("\"", s, "\""));
 }
 
-// Throws unless t is a defined 4-D tensor (needed before any size is read).
-inline void check_4d(const char* where, const char* arg, const at::Tensor& t, Layout l) {
-  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
-  STRATA_CHECK_ARG(t.dim() == 4, where, arg,
-                   cat("a 4-D tensor (", l == Layout::BSHD ? "batch, seq, heads, dim" : "batch, heads, seq, dim",
-                       ") in layout ", layout_name(l)),
-                   cat(t.dim(), "-D ", t.sizes()));
-}
-
-// The checks a core entry point makes on q, k, v, for the double-precision references (which
-// check nothing): defined 4-D CPU tensors of one dtype (float32, bfloat16 or float64), heads and
-// head dims >= 1, k with q's batch and head_dim, v with q's batch and k's seq and heads, heads_q a
-// multiple of heads_kv. Returns the logical dims of q, k, v. Errors name `where` and the argument.
-struct QkvDims {
-  Dims4 q, k, v;
-};
-inline QkvDims check_reference_qkv(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   Layout l) {
-  check_4d(where, "q", q, l);
-  check_4d(where, "k", k, l);
-  check_4d(where, "v", v, l);
-  check_qkv_dtypes(where, q, k, v, /*allow_f64=*/true);
-  view_of(q, where, "q");
-  view_of(k, where, "k");
-  view_of(v, where, "v");
-  const Dims4 dq = dims(q, l), dk = dims(k, l), dv = dims(v, l);
-  STRATA_CHECK_ARG(dq.d >= 1, where, "q", "head_dim >= 1", dq.d);
-  STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
-  STRATA_CHECK_ARG(dq.h >= 1, where, "q", "heads >= 1", dq.h);
-  STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
-  STRATA_CHECK_ARG(dk.b == dq.b && dk.d == dq.d, where, "k",
-                   cat(dims_str({dq.b, dk.s, dk.h, dq.d}), " (batch and head_dim of q)"), dims_str(dk));
-  STRATA_CHECK_ARG(dv.b == dq.b && dv.s == dk.s && dv.h == dk.h, where, "v",
-                   cat(dims_str({dq.b, dk.s, dk.h, dv.d}), " (batch of q, seq and heads of k)"), dims_str(dv));
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", cat("heads dividing q's heads (", dq.h, ")"), dk.h);
-  return {dq, dk, dv};
-}
+inline const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "bhsd"; }
 
 // A strided CPU tensor with sizes `sizes`, laid out in memory in the dim order of `like`
 // (as empty_like does: only when `like` is non-overlapping and dense, else contiguous).

@@ -13,16 +13,14 @@
 
 #include "binding_util.h"
 #include "strata/error.h"
-#include "strata/torch/attention.h"
 
 namespace strata::torch {
 namespace {
 
 using binding::cat;
-using binding::check_4d;
-using binding::dims;
-using binding::Dims4;
-using binding::dims_str;
+using binding::QkvViews;
+using binding::qkv_views;
+using binding::sizes_in;
 using binding::torch_dtype_name;
 
 // MlrOptions and the int64 tensors its segment pointers point into (contiguous copies where the
@@ -84,22 +82,6 @@ ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int6
   o.causal = a.causal;
   o.layout = l;
   return r;
-}
-
-// Everything the core's own checks cover, for the reference (which checks nothing); q, k, v may
-// be float32, bfloat16 or float64 (one dtype). The level options are validated by the core's
-// FLOP counter (same rules as the kernel), its messages re-addressed to `where`.
-void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const MlrOptions& o) {
-  const auto [dq, dk, dv] = binding::check_reference_qkv(where, q, k, v, o.layout);
-  int64_t sum = 0;
-  for (int i = 0; i < o.num_levels; ++i) sum += o.ranks[i];
-  STRATA_CHECK_ARG(sum == dq.d, where, "ranks", cat("r_1 + .. + r_L = head_dim ", dq.d, " (q's last dim)"), sum);
-  try {
-    strata::mlr_attention_flops(dq.b, dq.h, dq.s, dk.s, dv.d, o);
-  } catch (const Error& e) {
-    throw binding::readdressed(e, "mlr_attention_flops", where);
-  }
 }
 
 // ---- autograd ----------------------------------------------------------------------------------
@@ -174,18 +156,14 @@ std::tuple<at::Tensor, at::Tensor> mlr_attention_forward(const at::Tensor& q, co
                                                          const MlrArgs& a) {
   const char* where = "mlr_attention_forward";
   const Layout l = binding::parse_layout(where, a.layout);
-  check_4d(where, "q", q, l);
-  check_4d(where, "k", k, l);
-  check_4d(where, "v", v, l);
-  const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
-  const ResolvedOptions r = make_options(where, a, l, q.size(0));
-  const Dims4 dq = dims(q, l);
-  // out: batch x seq_q x heads_q x head_dim_v (in q's layout and memory order)
-  const std::array<int64_t, 4> out_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
-  at::Tensor out = binding::empty_in_order_of(q, out_sizes, q.scalar_type());
-  // lse: batch x heads_q x seq_q
-  at::Tensor lse = at::empty({dq.b, dq.h, dq.s}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
-  strata::mlr_attention_forward(qv, kv, vv, view_of(out, where, "out"), view_of(lse, where, "lse"), r.opt);
+  const QkvViews in = qkv_views(where, q, k, v, l, kKernelDTypes);
+  const AttnDims& d = in.d;
+  const ResolvedOptions r = make_options(where, a, l, d.batch);
+  // out: batch x seq_q x heads_q x head_dim_v (in q's layout and memory order); lse: batch x heads_q x seq_q
+  at::Tensor out =
+      binding::empty_in_order_of(q, sizes_in(l, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v), q.scalar_type());
+  at::Tensor lse = at::empty({d.batch, d.heads_q, d.seqlen_q}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  strata::mlr_attention_forward(in.q, in.k, in.v, view_of(out, where, "out"), view_of(lse, where, "lse"), r.opt);
   return {out, lse};
 }
 
@@ -195,16 +173,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
                                                                       const MlrArgs& a) {
   const char* where = "mlr_attention_backward";
   const Layout l = binding::parse_layout(where, a.layout);
-  check_4d(where, "q", q, l);
-  check_4d(where, "k", k, l);
-  check_4d(where, "v", v, l);
-  const TensorView qv = view_of(q, where, "q"), kv = view_of(k, where, "k"), vv = view_of(v, where, "v");
+  const QkvViews in = qkv_views(where, q, k, v, l, kKernelDTypes);
   const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
   const TensorView gv = view_of(dout, where, "dout");
-  const ResolvedOptions r = make_options(where, a, l, q.size(0));
+  const ResolvedOptions r = make_options(where, a, l, in.d.batch);
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  strata::mlr_attention_backward(qv, kv, vv, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
+  strata::mlr_attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
                                  view_of(dv, where, "dv"), r.opt);
   return {dq, dk, dv};
 }
@@ -224,14 +199,13 @@ std::tuple<at::Tensor, at::Tensor> reference_mlr_attention_forward(const at::Ten
                                                                    const at::Tensor& v, const MlrArgs& a) {
   const char* where = "reference_mlr_attention_forward";
   const Layout l = binding::parse_layout(where, a.layout);
-  check_4d(where, "q", q, l);
-  const ResolvedOptions r = make_options(where, a, l, q.size(0));
-  check_reference_inputs(where, q, k, v, r.opt);
-  const Dims4 dq = dims(q, l);
-  at::Tensor out = binding::empty_reference_out(l, dq.b, dq.s, dq.h, v.size(3));
-  at::Tensor lse = at::empty({dq.b, dq.h, dq.s}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
-  reference::mlr_attention_forward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), r.opt,
-                                   out.data_ptr<double>(), lse.data_ptr<double>());
+  const QkvViews in = qkv_views(where, q, k, v, l, kReferenceDTypes);
+  const AttnDims& d = in.d;
+  const ResolvedOptions r = make_options(where, a, l, d.batch);
+  validate(where, r.opt, d);
+  at::Tensor out = binding::empty_reference_out(l, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v);
+  at::Tensor lse = at::empty({d.batch, d.heads_q, d.seqlen_q}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
+  reference::mlr_attention_forward(in.q, in.k, in.v, r.opt, out.data_ptr<double>(), lse.data_ptr<double>());
   return {out, lse};
 }
 
@@ -239,21 +213,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_mlr_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const MlrArgs& a) {
   const char* where = "reference_mlr_attention_backward";
   const Layout l = binding::parse_layout(where, a.layout);
-  check_4d(where, "q", q, l);
-  const ResolvedOptions r = make_options(where, a, l, q.size(0));
-  check_reference_inputs(where, q, k, v, r.opt);
-  check_4d(where, "dout", dout, l);
-  const Dims4 dq = dims(q, l), dk = dims(k, l), want{dq.b, dq.s, dq.h, v.size(3)}, got = dims(dout, l);
-  STRATA_CHECK_ARG(got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d, where, "dout",
-                   cat(dims_str(want), " (shape of out)"), dims_str(got));
-  STRATA_CHECK_ARG(dout.scalar_type() == q.scalar_type(), where, "dout",
-                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(dout));
-  view_of(dout, where, "dout");
-  at::Tensor gq = binding::empty_reference_out(l, dq.b, dq.s, dq.h, dq.d);
-  at::Tensor gk = binding::empty_reference_out(l, dk.b, dk.s, dk.h, dk.d);
-  at::Tensor gv = binding::empty_reference_out(l, dk.b, dk.s, dk.h, v.size(3));
-  reference::mlr_attention_backward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"),
-                                    view_of(dout, where, "dout"), r.opt, gq.data_ptr<double>(), gk.data_ptr<double>(),
+  const QkvViews in = qkv_views(where, q, k, v, l, kReferenceDTypes);
+  const AttnDims& d = in.d;
+  const ResolvedOptions r = make_options(where, a, l, d.batch);
+  validate(where, r.opt, d);
+  const TensorView gview = view_of(dout, where, "dout", DTypes{in.q.dtype}, " (same as q)");
+  check_4d(where, "dout", gview, l, in.q.dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, "(shape of out)");
+  at::Tensor gq = binding::empty_reference_out(l, d.batch, d.seqlen_q, d.heads_q, d.head_dim);
+  at::Tensor gk = binding::empty_reference_out(l, d.batch, d.seqlen_k, d.heads_kv, d.head_dim);
+  at::Tensor gv = binding::empty_reference_out(l, d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v);
+  reference::mlr_attention_backward(in.q, in.k, in.v, gview, r.opt, gq.data_ptr<double>(), gk.data_ptr<double>(),
                                     gv.data_ptr<double>());
   return {gq, gk, gv};
 }

@@ -11,16 +11,14 @@
 
 #include "binding_util.h"
 #include "strata/error.h"
-#include "strata/torch/attention.h"  // view_of
 
 namespace strata::torch {
 namespace {
 
 using binding::cat;
-using binding::Dims4;
-using binding::dims;
-using binding::dims_str;
-using binding::torch_dtype_name;
+using binding::QkvViews;
+using binding::qkv_views;
+using binding::sizes_in;
 
 MonarchPad parse_pad(const char* where, const std::string& s) {
   if (s == "post") return MonarchPad::post;
@@ -55,53 +53,29 @@ MonarchOptions make_options(const char* where, const MonarchArgs& a) {
                      "a finite float32 value (or None for 1/sqrt(head_dim))", s);
     o.scale = float(s);
   }
-  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined()) {
-    binding::check_dtype_in(where, "key_padding_mask", *a.key_padding_mask, {at::kBool, at::kByte});
-    o.key_padding_mask = view_of(*a.key_padding_mask, where, "key_padding_mask");
-  }
+  if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
+    o.key_padding_mask = binding::mask_view_of(*a.key_padding_mask, where, "key_padding_mask");
   return o;
 }
 
-// q, k, v 4-D (sizes are read below) and their views.
-struct Inputs {
-  TensorView q, k, v;
-};
-Inputs views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Layout l) {
-  binding::check_4d(where, "q", q, l);
-  binding::check_4d(where, "k", k, l);
-  binding::check_4d(where, "v", v, l);
-  binding::check_qkv_dtypes(where, q, k, v, /*allow_f64=*/false);
-  return {view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v")};
+// q, k, v as views checked by the core (self-attention), and the options validated for them.
+QkvViews checked_views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const MonarchOptions& o, const DTypes& dtypes) {
+  const QkvViews in = qkv_views(where, q, k, v, o.layout, dtypes, /*self_attention=*/true);
+  validate(where, o, in.d);
+  return in;
 }
 
 // The state tensor of a forward: batch x heads_q x (T-1) x (M*B) x head_dim float32. A state
 // larger than memory (num_steps = 2^40, say) is an error naming num_steps, not the allocator's.
-at::Tensor empty_state(const char* where, const at::Tensor& q, const MonarchOptions& o) {
-  const Dims4 d = dims(q, o.layout);
-  const MonarchGeometry g = monarch_geometry(d.s, o);
-  const std::vector<int64_t> sizes = {d.b, d.h, o.num_steps - 1, g.padded_len, d.d};
+at::Tensor empty_state(const char* where, const AttnDims& d, const MonarchOptions& o) {
+  const MonarchGeometry g = monarch_geometry(d.seqlen_q, o);
+  const std::vector<int64_t> sizes = {d.batch, d.heads_q, o.num_steps - 1, g.padded_len, d.head_dim};
   binding::check_fits_in_memory(where, "num_steps", sizes, sizeof(float),
                                 "the state saved for the backward (batch x heads x (num_steps-1) x M*B x head_dim "
                                 "float32)",
                                 o.num_steps);
   return at::empty(sizes, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
-}
-
-// Everything the core's kernel checks, for the reference (which checks little); q, k, v may be
-// float32, bfloat16 or float64 (one dtype).
-void check_reference_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const MonarchOptions& o) {
-  const Dims4 dq = binding::check_reference_qkv(where, q, k, v, o.layout).q, dk = dims(k, o.layout);
-  STRATA_CHECK_ARG(dk.s == dq.s, where, "k",
-                   cat(dims_str({dq.b, dq.s, dk.h, dq.d}),
-                       " (batch, seq and head_dim of q: self-attention only, no cross-attention)"),
-                   dims_str(dk));
-  const TensorView& m = o.key_padding_mask;
-  if (m.ndim != 0) {
-    STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == dq.b && m.shape[1] == dq.s, where, "key_padding_mask",
-                     cat("shape [", dq.b, ", ", dq.s, "] (batch, seq)"), m.shape_str());
-    STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
-  }
 }
 
 }  // namespace
@@ -111,10 +85,12 @@ std::tuple<at::Tensor, at::Tensor> monarch_attention_forward(const at::Tensor& q
                                                              bool save_state) {
   const char* where = "monarch_attention_forward";
   const MonarchOptions opt = make_options(where, a);
-  const Inputs in = views(where, q, k, v, opt.layout);
+  const QkvViews in = checked_views(where, q, k, v, opt, kKernelDTypes);
+  const AttnDims& d = in.d;
   // out: batch x seq x heads_q x head_dim_v (in q's layout and memory order)
-  at::Tensor out = binding::empty_in_order_of(q, {q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type());
-  at::Tensor state = save_state ? empty_state(where, q, opt) : at::Tensor();
+  at::Tensor out = binding::empty_in_order_of(q, sizes_in(opt.layout, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v),
+                                              q.scalar_type());
+  at::Tensor state = save_state ? empty_state(where, d, opt) : at::Tensor();
   strata::monarch_attention_forward(in.q, in.k, in.v, view_of(out, where, "out"),
                                     save_state ? view_of(state, where, "state") : TensorView{}, opt);
   return {out, state};
@@ -125,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> monarch_attention_backward(
     const at::Tensor& dout, const MonarchArgs& a) {
   const char* where = "monarch_attention_backward";
   const MonarchOptions opt = make_options(where, a);
-  const Inputs in = views(where, q, k, v, opt.layout);
+  const QkvViews in = checked_views(where, q, k, v, opt, kKernelDTypes);
   const TensorView sv = state.defined() ? view_of(state, where, "state") : TensorView{};
   const TensorView gv = view_of(dout, where, "dout");
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v
@@ -139,11 +115,10 @@ at::Tensor reference_monarch_attention_forward(const at::Tensor& q, const at::Te
                                                const MonarchArgs& a) {
   const char* where = "reference_monarch_attention_forward";
   const MonarchOptions opt = make_options(where, a);
-  check_reference_inputs(where, q, k, v, opt);
-  const Dims4 d = dims(q, opt.layout);
-  at::Tensor out = binding::empty_reference_out(opt.layout, d.b, d.s, d.h, v.size(3));
-  reference::monarch_attention_forward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), opt,
-                                       out.data_ptr<double>());
+  const QkvViews in = checked_views(where, q, k, v, opt, kReferenceDTypes);
+  const AttnDims& d = in.d;
+  at::Tensor out = binding::empty_reference_out(opt.layout, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v);
+  reference::monarch_attention_forward(in.q, in.k, in.v, opt, out.data_ptr<double>());
   return out;
 }
 
@@ -151,20 +126,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_monarch_attention_backw
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const MonarchArgs& a) {
   const char* where = "reference_monarch_attention_backward";
   const MonarchOptions opt = make_options(where, a);
-  check_reference_inputs(where, q, k, v, opt);
-  binding::check_4d(where, "dout", dout, opt.layout);
-  const Dims4 dq = dims(q, opt.layout), dk = dims(k, opt.layout), want{dq.b, dq.s, dq.h, v.size(3)},
-              got = dims(dout, opt.layout);
-  STRATA_CHECK_ARG(got.b == want.b && got.s == want.s && got.h == want.h && got.d == want.d, where, "dout",
-                   cat(dims_str(want), " (shape of out)"), dims_str(got));
-  STRATA_CHECK_ARG(dout.scalar_type() == q.scalar_type(), where, "dout",
-                   cat("dtype ", torch_dtype_name(q), " (same as q)"), torch_dtype_name(dout));
-  const TensorView gview = view_of(dout, where, "dout");
-  at::Tensor gq = binding::empty_reference_out(opt.layout, dq.b, dq.s, dq.h, dq.d);
-  at::Tensor gk = binding::empty_reference_out(opt.layout, dk.b, dk.s, dk.h, dk.d);
-  at::Tensor gv = binding::empty_reference_out(opt.layout, dk.b, dk.s, dk.h, v.size(3));
-  reference::monarch_attention_backward(view_of(q, where, "q"), view_of(k, where, "k"), view_of(v, where, "v"), gview,
-                                        opt, gq.data_ptr<double>(), gk.data_ptr<double>(), gv.data_ptr<double>());
+  const QkvViews in = checked_views(where, q, k, v, opt, kReferenceDTypes);
+  const AttnDims& d = in.d;
+  const TensorView gview = view_of(dout, where, "dout", DTypes{in.q.dtype}, " (same as q)");
+  check_4d(where, "dout", gview, opt.layout, in.q.dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v,
+           "(shape of out)");
+  at::Tensor gq = binding::empty_reference_out(opt.layout, d.batch, d.seqlen_q, d.heads_q, d.head_dim);
+  at::Tensor gk = binding::empty_reference_out(opt.layout, d.batch, d.seqlen_k, d.heads_kv, d.head_dim);
+  at::Tensor gv = binding::empty_reference_out(opt.layout, d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v);
+  reference::monarch_attention_backward(in.q, in.k, in.v, gview, opt, gq.data_ptr<double>(), gk.data_ptr<double>(),
+                                        gv.data_ptr<double>());
   return {gq, gk, gv};
 }
 
@@ -232,7 +203,7 @@ struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MonarchArgs& a) {
   // q's dtype first, with this function's list (the kernel's own check would omit float64).
   STRATA_CHECK_ARG(q.defined(), "monarch_attention", "q", "a defined tensor", "an undefined tensor");
-  binding::check_dtype_in("monarch_attention", "q", q, {at::kFloat, at::kBFloat16, at::kDouble});
+  view_of(q, "monarch_attention", "q", kReferenceDTypes);  // q's dtype first, with this function's list
   // Inference (no grad needed): the forward alone, without the saved state.
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!grad && !(q.defined() && q.scalar_type() == at::kDouble))

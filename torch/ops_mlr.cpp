@@ -1,5 +1,5 @@
-// torch/ops_mlr.cpp: registers MLR attention as torch.ops.strata.mlr_attention_* (a fragment of
-// the `strata` library that ops.cpp defines): schemas, CPU kernels for the forward/backward ops
+// torch/ops_mlr.cpp: the kernels of the MLR attention ops torch.ops.strata.mlr_attention_* (their
+// schemas are in torch/library.cpp): CPU kernels for the forward/backward ops
 // (not differentiable: outputs never require grad), a CompositeImplicitAutograd kernel for the
 // differentiable one (it runs the C++ autograd Function, so torch.autograd works from Python). A
 // strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
@@ -82,21 +82,6 @@ at::Tensor mlr_attention_op(const at::Tensor& q, const at::Tensor& k, const at::
 
 }  // namespace
 }  // namespace strata::torch
-
-// The options every MLR schema ends with (defaults as MlrArgs).
-#define STRATA_MLR_OPTIONS                                                                \
-  "int[] ranks, int[] block_sizes=[], int context=0, Tensor? segment_starts=None, "       \
-  "Tensor? segment_offsets=None, bool mask_cross_segment=False, str scale=\"inv_rank\", " \
-  "bool divide_by_num_levels=False, bool level_average=False, bool causal=True, str layout=\"bshd\""
-
-TORCH_LIBRARY_FRAGMENT(strata, m) {
-  m.def("mlr_attention_forward(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> (Tensor out, Tensor lse)");
-  m.def("mlr_attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, " STRATA_MLR_OPTIONS
-        ") -> (Tensor dq, Tensor dk, Tensor dv)");
-  m.def("mlr_attention(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> Tensor out");
-}
-
-#undef STRATA_MLR_OPTIONS
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("mlr_attention_forward", &strata::torch::forward_op);

@@ -1,5 +1,5 @@
-// torch/ops_monarch.cpp: registers MonarchAttention and the low-rank baselines as torch.ops.strata.*
-// (a TORCH_LIBRARY_FRAGMENT: ops.cpp owns TORCH_LIBRARY(strata)). CPU kernels for the forward /
+// torch/ops_monarch.cpp: the kernels of the MonarchAttention and low-rank baseline ops
+// torch.ops.strata.* (their schemas are in torch/library.cpp). CPU kernels for the forward /
 // backward ops (not differentiable: outputs never require grad); CompositeImplicitAutograd
 // kernels for the differentiable ones (monarch_attention runs the C++ autograd Function; the
 // baselines are ATen compositions that torch differentiates);
@@ -96,32 +96,12 @@ double nystrom_flops_op(int64_t N, int64_t D, int64_t Dv, int64_t m, int64_t ite
 }  // namespace
 }  // namespace strata::torch
 
-TORCH_LIBRARY_FRAGMENT(strata, m) {
-  m.def(
-      "monarch_attention_forward(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, "
-      "str pad=\"post\", str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, "
-      "str layout=\"bshd\") -> (Tensor out, Tensor state)");
-  m.def(
-      "monarch_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? state, Tensor dout, int num_steps=1, "
-      "int block_size=0, str pad=\"post\", str mode=\"stable\", float? scale=None, "
-      "Tensor? key_padding_mask=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
-  m.def(
-      "monarch_attention(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, str pad=\"post\", "
-      "str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, str layout=\"bshd\") -> Tensor out");
-  m.def(
-      "performer_attention(Tensor q, Tensor k, Tensor v, int num_features, int? seed=None, "
-      "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
-  m.def(
-      "nystrom_attention(Tensor q, Tensor k, Tensor v, int num_landmarks, int pinv_iters=6, "
-      "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
-  // FLOP counts (2 x matmul MACs, per sequence): no tensors, so plain catch-all kernels.
-  m.def("monarch_attention_flops(int N, int heads, int D, int Dv, int T, int B) -> float",
-        &strata::torch::monarch_flops_op);
-  m.def("softmax_attention_flops(int N, int D, int Dv=-1) -> float", &strata::torch::softmax_flops_op);
-  m.def("performer_attention_flops(int N, int D, int Dv, int num_features) -> float",
-        &strata::torch::performer_flops_op);
-  m.def("nystrom_attention_flops(int N, int D, int Dv, int num_landmarks, int pinv_iters=6) -> float",
-        &strata::torch::nystrom_flops_op);
+// FLOP counts (2 x matmul MACs, per sequence): no tensor arguments, so catch-all kernels.
+TORCH_LIBRARY_IMPL(strata, CatchAll, m) {
+  m.impl("monarch_attention_flops", &strata::torch::monarch_flops_op);
+  m.impl("softmax_attention_flops", &strata::torch::softmax_flops_op);
+  m.impl("performer_attention_flops", &strata::torch::performer_flops_op);
+  m.impl("nystrom_attention_flops", &strata::torch::nystrom_flops_op);
 }
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {

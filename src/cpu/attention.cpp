@@ -116,7 +116,7 @@ int64_t first_reachable_key(const DenseAttnParams& p) {
 void drop_leading_keys(DenseAttnParams& p, int64_t k0, bool backward) {
   if (k0 == 0) return;
   const int64_t esz = dtype_size(p.dtype);
-  auto shift = [&](Strided4& t) { t.data = static_cast<char*>(t.data) + k0 * t.ss * esz; };
+  auto shift = [&](cpu::Strided4& t) { t.data = static_cast<char*>(t.data) + k0 * t.ss * esz; };
   shift(p.k);
   shift(p.v);
   if (backward) {

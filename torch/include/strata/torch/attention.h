@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "strata/attention.h"
+#include "strata/torch/view_of.h"  // view_of (kept reachable from here)
 
 namespace strata::torch {
 
@@ -27,12 +28,6 @@ struct AttentionArgs {
                                                 // (fewer than 4 dims: leading 1s are implied)
   std::string layout = "bshd";                  // or "bhsd"
 };
-
-// Wraps a CPU tensor as a TensorView (no copy). Throws strata::Error naming `arg` otherwise.
-// Accepted dtypes: float32, bfloat16, float64, uint8 and bool (1 byte, viewed as uint8).
-TensorView view_of(const at::Tensor& t, const char* arg);
-// Same, with `where` (the calling function's name) leading the error message.
-TensorView view_of(const at::Tensor& t, const char* where, const char* arg);
 
 // The kernels alone (attention_forward, attention_backward; also torch.ops.strata.attention_forward
 // and _backward) are NOT differentiable: their outputs never require grad, whatever the inputs.

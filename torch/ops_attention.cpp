@@ -1,5 +1,5 @@
-// torch/ops.cpp: registers strata's attention as torch.ops.strata.* (TORCH_LIBRARY): schemas,
-// CPU kernels for the forward/backward ops (Autograd: not differentiable, their outputs never
+// torch/ops_attention.cpp: the kernels of strata's dense attention ops (torch.ops.strata.*; the
+// schemas are in torch/library.cpp): CPU kernels for the forward/backward ops (Autograd: not differentiable, their outputs never
 // require grad), CompositeImplicitAutograd kernels for the differentiable ones (they run the C++
 // autograd Function, so torch.autograd works from Python).
 // A strata::Error becomes a c10::Error with the same message (RuntimeError in Python).
@@ -78,24 +78,6 @@ at::Tensor paper_gswa_op(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 }  // namespace
 }  // namespace strata::torch
-
-TORCH_LIBRARY(strata, m) {
-  m.def(
-      "attention_forward(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, "
-      "Tensor? bias=None, str layout=\"bshd\") -> (Tensor out, Tensor lse)");
-  m.def(
-      "attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
-      "float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, int num_global=0, "
-      "Tensor? key_padding_mask=None, Tensor? bias=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
-  m.def(
-      "attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, int window_left=-1, "
-      "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
-      "str layout=\"bshd\") -> Tensor out");
-  m.def(
-      "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale_a=None, "
-      "float? scale_b=None, str layout=\"bshd\") -> Tensor out");
-}
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("attention_forward", &strata::torch::forward_op);

@@ -1,0 +1,62 @@
+// torch/library.cpp: the `strata` operator library (torch.ops.strata.*): every op's schema, in one
+// place. The kernels are registered beside their bindings (TORCH_LIBRARY_IMPL in
+// torch/ops_{attention,mlr,monarch}.cpp): CPU kernels for the forward / backward ops (not
+// differentiable: their outputs never require grad), CompositeImplicitAutograd kernels for the
+// differentiable ones (they run the C++ autograd Functions), catch-all kernels for the FLOP counts.
+#include <torch/library.h>
+
+// The options every MLR schema ends with (defaults as MlrArgs, strata/torch/mlr.h).
+#define STRATA_MLR_OPTIONS                                                                \
+  "int[] ranks, int[] block_sizes=[], int context=0, Tensor? segment_starts=None, "       \
+  "Tensor? segment_offsets=None, bool mask_cross_segment=False, str scale=\"inv_rank\", " \
+  "bool divide_by_num_levels=False, bool level_average=False, bool causal=True, str layout=\"bshd\""
+
+TORCH_LIBRARY(strata, m) {
+  // Dense attention (strata/torch/attention.h).
+  m.def(
+      "attention_forward(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, "
+      "int window_left=-1, int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, "
+      "Tensor? bias=None, str layout=\"bshd\") -> (Tensor out, Tensor lse)");
+  m.def(
+      "attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
+      "float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, int num_global=0, "
+      "Tensor? key_padding_mask=None, Tensor? bias=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
+      "str layout=\"bshd\") -> Tensor out");
+  m.def(
+      "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale_a=None, "
+      "float? scale_b=None, str layout=\"bshd\") -> Tensor out");
+
+  // MLR attention (strata/torch/mlr.h).
+  m.def("mlr_attention_forward(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> (Tensor out, Tensor lse)");
+  m.def("mlr_attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, " STRATA_MLR_OPTIONS
+        ") -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("mlr_attention(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> Tensor out");
+  // MonarchAttention and the Performer / Nystromformer baselines (strata/torch/{monarch,baselines}.h).
+  m.def(
+      "monarch_attention_forward(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, "
+      "str pad=\"post\", str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, "
+      "str layout=\"bshd\") -> (Tensor out, Tensor state)");
+  m.def(
+      "monarch_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? state, Tensor dout, int num_steps=1, "
+      "int block_size=0, str pad=\"post\", str mode=\"stable\", float? scale=None, "
+      "Tensor? key_padding_mask=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "monarch_attention(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, str pad=\"post\", "
+      "str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, str layout=\"bshd\") -> Tensor out");
+  m.def(
+      "performer_attention(Tensor q, Tensor k, Tensor v, int num_features, int? seed=None, "
+      "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
+  m.def(
+      "nystrom_attention(Tensor q, Tensor k, Tensor v, int num_landmarks, int pinv_iters=6, "
+      "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
+  // FLOP counts (2 x matmul MACs, per sequence).
+  m.def("monarch_attention_flops(int N, int heads, int D, int Dv, int T, int B) -> float");
+  m.def("softmax_attention_flops(int N, int D, int Dv=-1) -> float");
+  m.def("performer_attention_flops(int N, int D, int Dv, int num_features) -> float");
+  m.def("nystrom_attention_flops(int N, int D, int Dv, int num_landmarks, int pinv_iters=6) -> float");
+}
+
+#undef STRATA_MLR_OPTIONS
