@@ -52,7 +52,7 @@ struct Case {
 // third of the keys (and in batch 0 the first key); the bias is U(-2, 2), broadcast over batch.
 struct DenseFamily {
   using Case = strata::Case;
-  static constexpr double kScalarMaxWork = 2e7;
+  double scalar_max_work = 2e7;
   Case c;
   test::Inputs in;
   AttentionOptions opt;

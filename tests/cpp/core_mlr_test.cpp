@@ -31,7 +31,7 @@
 #include "strata/mlr.h"
 #include "strata/threading.h"
 #include "cpu/mlr_params.h"  // mlr_attention_*_kernel: the kernel body without the L = 1 shortcut
-#include "test_util.h"
+#include "kernel_harness.h"
 
 namespace strata {
 namespace {
@@ -90,105 +90,64 @@ struct Case {
   }
 };
 
-// Every ISA this CPU runs; scalar (std::fma calls, W = 1; slow, under ASan very) for small cases
-// only (most of them).
-std::vector<Isa> isas_to_test(const Case& c) {
-  return test::isas_to_test(double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B, 1.5e6);
-}
-using test::restore_best_isa;
+// The MLR family's adapter for the harness (kernel_harness.h): two references, the per-pair
+// formula and the reference code's block-diagonal construction; one-level cases also hold the
+// MLR kernel body (cpu::mlr_attention_*_kernel, without the dense shortcut) to them.
+struct MlrFamily {
+  using Case = ::strata::Case;
+  // scalar: std::fma calls, W = 1; slow, under ASan very: small cases only (most of them)
+  double scalar_max_work = 1.5e6;
+  Case c;
+  test::Inputs in;
+  MlrOptions opt;
 
-struct RefResult {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-
-RefResult run_reference(const Case& c, const Owned4& q, const Owned4& k, const Owned4& v, const Owned4& g,
-                        bool blockwise) {
-  const MlrOptions opt = c.options();
-  RefResult r;
-  r.o.resize(size_t(c.B * c.Nq * c.Hq * c.Dv));
-  r.lse.resize(size_t(c.B * c.Hq * c.Nq));
-  (blockwise ? reference::mlr_attention_forward_blockwise : reference::mlr_attention_forward)(
-      q.view, k.view, v.view, opt, r.o.data(), r.lse.data());
-  if (c.grads) {
-    r.dq.resize(size_t(c.B * c.Nq * c.Hq * c.D()));
-    r.dk.resize(size_t(c.B * c.Nk * c.Hkv * c.D()));
-    r.dv.resize(size_t(c.B * c.Nk * c.Hkv * c.Dv));
-    (blockwise ? reference::mlr_attention_backward_blockwise : reference::mlr_attention_backward)(
-        q.view, k.view, v.view, g.view, opt, r.dq.data(), r.dk.data(), r.dv.data());
+  explicit MlrFamily(const Case& c_) : c(c_), opt(c.options()) {
+    std::mt19937 rng(4321 + unsigned(c.Nq * 31 + c.Nk * 7 + c.D() * 3 + c.ranks.size()));
+    // q, k wider than U(-1, 1): the 1/r_l scale makes logits small; this keeps P far from uniform.
+    in = test::make_inputs(shape(), rng, 2.0);
   }
-  return r;
-}
+  MlrFamily(const MlrFamily&) = delete;  // opt points into c's lists
 
-void run_case(const Case& c) {
-  SCOPED_TRACE(c.name());
-  std::mt19937 rng(4321 + unsigned(c.Nq * 31 + c.Nk * 7 + c.D() * 3 + c.ranks.size()));
-  const Layout L = c.layout;
-  const int64_t D = c.D();
-  Owned4 q(c.B, c.Nq, c.Hq, D, c.dtype, L, c.gap, c.dim_stride);
-  Owned4 k(c.B, c.Nk, c.Hkv, D, c.dtype, L, c.gap, c.dim_stride);
-  Owned4 v(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap, c.dim_stride);
-  Owned4 g(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L);
-  // q, k wider than U(-1, 1): the 1/r_l scale makes logits small; this keeps P far from uniform.
-  q.fill_random(rng, -2, 2);
-  k.fill_random(rng, -2, 2);
-  v.fill_random(rng);
-  g.fill_random(rng);
-  const MlrOptions opt = c.options();
-
-  const RefResult ra = run_reference(c, q, k, v, g, false), rb = run_reference(c, q, k, v, g, true);
-  {  // the two references pin the same semantics
-    EXPECT_LE(test::rel_err(rb.o, ra.o), 1e-11) << "references disagree: o";
-    EXPECT_LE(test::rel_err(rb.lse, ra.lse, 1.0), 1e-11) << "references disagree: lse";
-    if (c.grads) {
-      EXPECT_LE(test::rel_err(rb.dq, ra.dq, 1e-2), 1e-11) << "references disagree: dq";
-      EXPECT_LE(test::rel_err(rb.dk, ra.dk, 1e-2), 1e-11) << "references disagree: dk";
-      EXPECT_LE(test::rel_err(rb.dv, ra.dv, 1e-2), 1e-11) << "references disagree: dv";
+  test::Shape shape() const {
+    return {{c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D(), c.Dv, c.dtype}, c.layout, c.gap, c.dim_stride};
+  }
+  double work() const { return double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B; }
+  bool grads() const { return c.grads; }
+  test::Tolerance tolerance() const {  // see the file comment
+    return c.dtype == DType::bf16 ? test::Tolerance{1e-2, 2e-2} : test::Tolerance{2e-5, 1e-4};
+  }
+  std::vector<test::Expected> references() const {
+    std::vector<test::Expected> r;
+    for (bool blockwise : {false, true}) {
+      test::Expected e(blockwise ? "the block-diagonal reference" : "the per-pair reference", shape(), true, c.grads);
+      (blockwise ? reference::mlr_attention_forward_blockwise : reference::mlr_attention_forward)(
+          in.q.view, in.k.view, in.v.view, opt, e.o.data(), e.lse.data());
+      if (c.grads)
+        (blockwise ? reference::mlr_attention_backward_blockwise : reference::mlr_attention_backward)(
+            in.q.view, in.k.view, in.v.view, in.dout.view, opt, e.dq.data(), e.dk.data(), e.dv.data());
+      r.push_back(std::move(e));
     }
+    return r;
   }
-  const bool bf = c.dtype == DType::bf16;
-  const double tol_f = bf ? 1e-2 : 2e-5, tol_b = bf ? 2e-2 : 1e-4;
-
   // One-level cases run twice: the public entry (which may take the dense shortcut) and the MLR
   // kernel body itself, so both are held to the MLR references.
-  const std::vector<bool> bodies = c.ranks.size() == 1 ? std::vector<bool>{false, true} : std::vector<bool>{false};
-  for (bool kernel_body : bodies)
-  for (Isa isa : isas_to_test(c)) {
-    SCOPED_TRACE(detail::cat(isa_name(isa), kernel_body ? " (MLR kernel body)" : ""));
-    set_isa(isa);
-    auto fwd = kernel_body ? cpu::mlr_attention_forward_kernel : mlr_attention_forward;
-    auto bwd = kernel_body ? cpu::mlr_attention_backward_kernel : mlr_attention_backward;
-    Owned4 o(c.B, c.Nq, c.Hq, c.Dv, c.dtype, L, c.gap);
-    std::vector<float> lse(size_t(c.B * c.Hq * c.Nq), 123.f);
-    TensorView lv(lse.data(), DType::f32, {c.B, c.Hq, c.Nq});
-    fwd(q.view, k.view, v.view, o.view, lv, opt);
-    EXPECT_LE(test::rel_err(o, L, ra.o, c.B, c.Nq, c.Hq, c.Dv), tol_f) << "vs the per-pair reference";
-    EXPECT_LE(test::rel_err(o, L, rb.o, c.B, c.Nq, c.Hq, c.Dv), tol_f) << "vs the block-diagonal reference";
-    double lerr = 0;
-    for (size_t i = 0; i < lse.size(); ++i) {
-      if (std::isinf(ra.lse[i])) {
-        EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i << " should be empty (lse -inf)";
-      } else {
-        lerr = std::max(lerr, std::fabs(lse[i] - ra.lse[i]) / std::max(1.0, std::fabs(ra.lse[i])));
-      }
-    }
-    EXPECT_LE(lerr, 1e-5) << "lse";
-    if (!c.grads) continue;
-    Owned4 dq(c.B, c.Nq, c.Hq, D, c.dtype, L, c.gap), dk(c.B, c.Nk, c.Hkv, D, c.dtype, L, c.gap);
-    Owned4 dv(c.B, c.Nk, c.Hkv, c.Dv, c.dtype, L, c.gap);
-    bwd(q.view, k.view, v.view, o.view, lv, g.view, dq.view, dk.view, dv.view, opt);
-    EXPECT_LE(test::rel_err(dq, L, ra.dq, c.B, c.Nq, c.Hq, D, 1e-2), tol_b) << "dq";
-    EXPECT_LE(test::rel_err(dk, L, ra.dk, c.B, c.Nk, c.Hkv, D, 1e-2), tol_b) << "dk";
-    EXPECT_LE(test::rel_err(dv, L, ra.dv, c.B, c.Nk, c.Hkv, c.Dv, 1e-2), tol_b) << "dv";
-    EXPECT_LE(test::rel_err(dq, L, rb.dq, c.B, c.Nq, c.Hq, D, 1e-2), tol_b) << "dq (block-diagonal reference)";
-    EXPECT_LE(test::rel_err(dk, L, rb.dk, c.B, c.Nk, c.Hkv, D, 1e-2), tol_b) << "dk (block-diagonal reference)";
+  std::vector<const char*> kernels() const {
+    if (c.ranks.size() == 1) return {"", " (MLR kernel body)"};
+    return {""};
   }
-}
-
-class MlrSweep : public ::testing::TestWithParam<Case> {
- protected:
-  void TearDown() override { restore_best_isa(); }
+  void forward(size_t kernel, Isa, test::Outputs& out) {
+    (kernel ? cpu::mlr_attention_forward_kernel : mlr_attention_forward)(in.q.view, in.k.view, in.v.view, out.o.view,
+                                                                        out.lse_view, opt);
+  }
+  void backward(size_t kernel, Isa, test::Outputs& out) {
+    (kernel ? cpu::mlr_attention_backward_kernel : mlr_attention_backward)(
+        in.q.view, in.k.view, in.v.view, out.o.view, out.lse_view, in.dout.view, out.dq.view, out.dk.view,
+        out.dv.view, opt);
+  }
 };
-TEST_P(MlrSweep, MatchesBothReferences) { run_case(GetParam()); }
+
+using MlrSweep = test::KernelSweep<MlrFamily>;
+TEST_P(MlrSweep, MatchesBothReferences) { test::run_case<MlrFamily>(GetParam()); }
 
 // A random split of d into L ranks >= 1.
 std::vector<int64_t> random_split(std::mt19937& rng, int64_t d, int L) {
@@ -773,27 +732,17 @@ TEST(Mlr, EmptySizesAreNoOps) {
 // with position (x1 at key 0, x ~150 at key 699) make later key tiles beat the running max by
 // small amounts (kept) and by far more than 2^8 (raised), non-causal and causal.
 TEST(Mlr, GrowingLogitsAcrossKeyTilesMatchReference) {
-  const int64_t N = 700, D = 16;
-  std::mt19937 rng(12);
-  Owned4 q(1, N, 1, D, DType::f32, Layout::BSHD), k(1, N, 1, D, DType::f32, Layout::BSHD);
-  Owned4 v(1, N, 1, D, DType::f32, Layout::BSHD);
-  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
-  test::grow_keys_with_position(k);
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
-    MlrOptions opt = mlr_options({4, 4, 4, 4});
-    opt.causal = causal;
-    std::vector<double> ro(static_cast<size_t>(N * D)), rl(static_cast<size_t>(N));
-    reference::mlr_attention_forward(q.view, k.view, v.view, opt, ro.data(), rl.data());
-    for (Isa isa : test::isas_to_test()) {
-      SCOPED_TRACE(isa_name(isa));
-      set_isa(isa);
-      const std::vector<float> got = forward_f32(q, k, v, opt);
-      std::vector<double> o(got.begin(), got.begin() + N * D), lse(got.begin() + N * D, got.end());
-      EXPECT_LE(test::rel_err(o, ro), 2e-5);
-      test::expect_lse_near(lse, rl);
-    }
-    test::restore_best_isa();
+    Case c;
+    c.Nq = c.Nk = 700;
+    c.Hq = c.Hkv = 1;
+    c.ranks = {4, 4, 4, 4};
+    c.causal = causal;
+    MlrFamily f(c);
+    f.scalar_max_work = INFINITY;  // every ISA
+    test::grow_keys_with_position(f.in.k);
+    test::check_kernel(f);
   }
 }
 

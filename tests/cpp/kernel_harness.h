@@ -5,7 +5,7 @@
 // other. A family plugs in with a small adapter F, made from one case (F f(c)):
 //
 //   F::Case                        the sweep's case, with std::string name()
-//   F::kScalarMaxWork              the scalar ISA (std::fma calls, one lane) runs only cases of at
+//   double scalar_max_work         the scalar ISA (std::fma calls, one lane) runs only cases of at
 //                                  most this many multiply-adds (test::isas_to_test)
 //   Inputs in                      q, k, v, dout (make_inputs); a test may change them before
 //                                  check_kernel(f): the references are computed there
@@ -170,7 +170,7 @@ inline void expect_backward_near(const Outputs& out, const Expected& r, const Sh
 }
 
 // The family's references (which must agree), then every kernel entry point under every ISA
-// this CPU runs (scalar only up to F::kScalarMaxWork), forward and backward, against each.
+// this CPU runs (scalar only up to f.scalar_max_work), forward and backward, against each.
 template <class F>
 void check_kernel(F& f) {
   const Shape s = f.shape();
@@ -180,7 +180,7 @@ void check_kernel(F& f) {
   IsaGuard guard;
   const std::vector<const char*> kernels = f.kernels();
   for (size_t kernel = 0; kernel < kernels.size(); ++kernel)
-    for (Isa isa : isas_to_test(f.work(), F::kScalarMaxWork)) {
+    for (Isa isa : isas_to_test(f.work(), f.scalar_max_work)) {
       SCOPED_TRACE(detail::cat(isa_name(isa), kernels[kernel]));
       set_isa(isa);
       Outputs out(s);
