@@ -1,6 +1,7 @@
 // tests/cpp/core_attention_test.cpp: the dense CPU kernel (every ISA this CPU has) against the
 // double-precision reference, over awkward sizes, layouts, strides, masks, GQA, dtypes; forward
-// output, lse and all three gradients; and bad input.
+// output, lse and all three gradients (the sweep runs on kernel_harness.h); and bad options (the
+// checks every family shares are in core_checks_test.cpp).
 //
 // Tolerances (normwise: max abs error / max abs reference value):
 //   fp32: 2e-5 forward, 1e-4 gradients. fp32 round-off in dot products of length D and sums of
@@ -30,21 +31,18 @@ namespace {
 
 using test::Owned4;
 
-struct Case {
+struct Case : test::Storage {
   int64_t B = 1, Nq = 7, Nk = 7, Hq = 2, Hkv = 1, D = 16, Dv = 16;
-  DType dtype = DType::f32;
-  Layout layout = Layout::BSHD;
   bool causal = false;
   int64_t wl = -1, wr = -1, G = 0;
   bool kpm = false, bias = false;
-  int64_t gap = 0, dim_stride = 1;
   bool grads = true;
   std::string name() const {
+    auto side = [](int64_t w) { return w < 0 ? std::string("inf") : std::to_string(w); };
     return detail::cat("B", B, "_Nq", Nq, "_Nk", Nk, "_Hq", Hq, "_Hkv", Hkv, "_D", D, "_Dv", Dv, "_",
-                       dtype_name(dtype), layout == Layout::BSHD ? "_bshd" : "_bhsd", causal ? "_causal" : "",
-                       wl >= 0 || wr >= 0 ? detail::cat("_win", wl < 0 ? std::string("inf") : std::to_string(wl), "_", wr < 0 ? std::string("inf") : std::to_string(wr)) : std::string(),
-                       G ? detail::cat("_glob", G) : std::string(), kpm ? "_kpm" : "", bias ? "_bias" : "",
-                       gap ? "_gap" : "", dim_stride > 1 ? "_dstride" : "");
+                       storage_name(), causal ? "_causal" : "",
+                       wl >= 0 || wr >= 0 ? detail::cat("_win", side(wl), "_", side(wr)) : std::string(),
+                       G ? detail::cat("_glob", G) : std::string(), kpm ? "_kpm" : "", bias ? "_bias" : "");
   }
 };
 
@@ -83,7 +81,7 @@ struct DenseFamily {
   DenseFamily(const DenseFamily&) = delete;  // opt points into kpm and bias
 
   test::Shape shape() const {
-    return {{c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D, c.Dv, c.dtype}, c.layout, c.gap, c.dim_stride};
+    return test::shape_of(c, {c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D, c.Dv});
   }
   double work() const { return double(c.Nq) * c.Nk * (c.D + c.Dv) * c.Hq * c.B; }
   bool grads() const { return c.grads; }
@@ -195,27 +193,21 @@ std::vector<Case> layout_gqa_dtype_cases() {
     c.dtype = DType::bf16;
     v.push_back(c);
   }
-  for (Layout l : {Layout::BSHD, Layout::BHSD})
-    for (int64_t gap : {0, 5})
-      for (int64_t ds : {1, 2})
-        for (DType t : {DType::f32, DType::bf16}) {
-          Case c;
-          c.B = 2;
-          c.layout = l;
-          c.gap = gap;
-          c.dim_stride = ds;
-          c.dtype = t;
-          c.Nq = 97;
-          c.Nk = 131;
-          c.Hq = 4;
-          c.Hkv = 2;
-          c.D = 59;
-          c.Dv = 48;
-          c.causal = gap > 0;
-          c.kpm = ds > 1;
-          c.wl = l == Layout::BHSD ? 16 : -1;
-          v.push_back(c);
-        }
+  for (const test::Storage& st : test::every_storage()) {
+    Case c;
+    c.set_storage(st);
+    c.B = 2;
+    c.Nq = 97;
+    c.Nk = 131;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.D = 59;
+    c.Dv = 48;
+    c.causal = st.gap > 0;
+    c.kpm = st.dim_stride > 1;
+    c.wl = st.layout == Layout::BHSD ? 16 : -1;
+    v.push_back(c);
+  }
   {
     Case c;  // bf16 at a long length with every mask on
     c.dtype = DType::bf16;
@@ -460,9 +452,9 @@ TEST(Attention, PaperGswaIsSumOfTwoSoftmaxBranches) {
   EXPECT_NEAR(o.at(0, 0, 0, 0, Layout::BSHD), 2 * v.at(0, 0, 0, 0, Layout::BSHD), 1e-5);
 }
 
-// ---- bad input ------------------------------------------------------------------------------------
+// ---- bad options (the checks every family shares: core_checks_test.cpp) ---------------------------
 
-struct BadInput : ::testing::Test {
+struct AttentionBadInput : ::testing::Test {
   std::vector<float> buf = std::vector<float>(4096, 0.5f), lse = std::vector<float>(64);
   TensorView q{buf.data(), DType::f32, {1, 8, 2, 16}}, k{buf.data(), DType::f32, {1, 8, 2, 16}};
   TensorView v{buf.data(), DType::f32, {1, 8, 2, 16}}, o{buf.data() + 1024, DType::f32, {1, 8, 2, 16}};
@@ -470,98 +462,31 @@ struct BadInput : ::testing::Test {
   AttentionOptions opt;
   // Expects attention_forward to throw strata::Error whose message contains every needle.
   void expect_error(const std::vector<std::string>& needles) {
-    try {
-      attention_forward(q, k, v, o, lv, opt);
-      ADD_FAILURE() << "no error thrown";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-    }
+    test::expect_error([&] { attention_forward(q, k, v, o, lv, opt); }, needles);
   }
 };
 
-TEST_F(BadInput, MismatchedHeadDim) {
-  k.shape[3] = 15;
-  expect_error({"'k'", "dim=16", "dim=15"});
-}
-TEST_F(BadInput, MismatchedBatch) {
-  v.shape[0] = 2;
-  expect_error({"'v'", "batch=1", "batch=2"});
-}
-TEST_F(BadInput, MixedDtypes) {
-  k.dtype = DType::bf16;
-  expect_error({"'k'", "float32", "bfloat16"});
-}
-TEST_F(BadInput, UnsupportedDtype) {
-  q.dtype = DType::f64;
-  expect_error({"'q'", "float32 or bfloat16", "float64"});
-}
-TEST_F(BadInput, HeadsNotDivisible) {
-  q.shape[2] = 3;
-  o.shape[2] = 3;
-  lv.shape[1] = 3;
-  expect_error({"'k'", "heads dividing", "got 2"});
-}
-TEST_F(BadInput, NegativeWindow) {
+TEST_F(AttentionBadInput, NegativeWindow) {
   opt.window_left = -5;
   expect_error({"'window_left'", "-5"});
 }
-TEST_F(BadInput, NegativeGlobal) {
+TEST_F(AttentionBadInput, NegativeGlobal) {
   opt.num_global = -1;
   expect_error({"'num_global'"});
 }
-TEST_F(BadInput, WrongRank) {
-  q.ndim = 3;
-  expect_error({"'q'", "4-D", "3-D"});
-}
-TEST_F(BadInput, WrongOutputShape) {
-  o.shape[1] = 9;
-  expect_error({"'o'", "seq=8", "seq=9"});
-}
-TEST_F(BadInput, WrongLseShape) {
-  lv.shape[2] = 7;
-  expect_error({"'lse'", "[1, 2, 8]", "[1, 2, 7]"});
-}
-TEST_F(BadInput, NullPointer) {
-  k.data = nullptr;
-  expect_error({"'k'", "non-null"});
-}
-TEST_F(BadInput, ZeroHeadDim) {
-  q.shape[3] = k.shape[3] = 0;
-  expect_error({"'q'", "head_dim >= 1"});
-}
-TEST_F(BadInput, BiasNotBroadcastable) {
+TEST_F(AttentionBadInput, BiasNotBroadcastable) {
   opt.bias = TensorView(buf.data(), DType::f32, {1, 2, 8, 5});
   expect_error({"'bias'", "broadcastable", "[1, 2, 8, 5]"});
 }
-TEST_F(BadInput, KeyPaddingMaskWrongDtype) {
-  opt.key_padding_mask = TensorView(buf.data(), DType::f32, {1, 8});
-  expect_error({"'key_padding_mask'", "uint8", "float32"});
-}
-TEST_F(BadInput, NonFiniteScale) {
+TEST_F(AttentionBadInput, NonFiniteScale) {
   opt.scale = INFINITY;
   expect_error({"'scale'", "finite"});
 }
-TEST_F(BadInput, BackwardGradShape) {
-  TensorView bad = q;
-  bad.shape[1] = 5;
-  try {
-    attention_backward(q, k, v, o, lv, o, bad, k, v, opt);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'dq'"), std::string::npos) << e.what();
-  }
-}
-TEST_F(BadInput, GswaSplitOutOfRange) {
+TEST_F(AttentionBadInput, GswaSplitOutOfRange) {
   PaperGswaOptions g;
   g.split_a = 16;
   g.window = 4;
-  try {
-    paper_gswa_forward(q, k, v, o, o, o, lv, lv, g);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'split_a'"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { paper_gswa_forward(q, k, v, o, o, o, lv, lv, g); }, {"'split_a'"});
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // random rank splits, custom block lists, segment boundaries, every scale option, causal or not,
 // GQA, fp32/bf16, BHSD and strided views; forward output, lse and all three gradients. Plus:
 // L = 1 against the dense kernel, a finite-difference check of the references' gradients, the
-// default block rule, empty rows, threads, the FLOP count, and bad input.
+// default block rule, empty rows, threads, the FLOP count, and bad options (the checks every
+// family shares are in core_checks_test.cpp). The sweep runs on kernel_harness.h.
 //
 // Tolerances (normwise: max abs error / max abs reference value), as core_attention_test.cpp:
 //   fp32: 2e-5 forward, 1e-4 gradients. fp32 round-off in dot products of length <= head_dim and
@@ -38,7 +39,7 @@ namespace {
 
 using test::Owned4;
 
-struct Case {
+struct Case : test::Storage {
   int64_t B = 1, Nq = 7, Nk = 7, Hq = 2, Hkv = 1, Dv = 16;
   std::vector<int64_t> ranks = {8, 8};
   std::vector<int64_t> blocks;  // empty: default rule
@@ -47,9 +48,6 @@ struct Case {
   std::vector<int64_t> seg_offsets;  // B + 1 offsets into segs: per-sequence lists (empty: shared)
   bool mask_cross = false, div = false, avg = false, causal = true;
   MlrScale scale = MlrScale::inv_rank;
-  DType dtype = DType::f32;
-  Layout layout = Layout::BSHD;
-  int64_t gap = 0, dim_stride = 1;
   bool grads = true;
   int64_t D() const {
     int64_t d = 0;
@@ -67,8 +65,7 @@ struct Case {
                        seg_offsets.empty() ? std::string() : "perseq_",
                        mask_cross ? "xmask_" : "", div ? "div_" : "", avg ? "avg_" : "",
                        scale == MlrScale::inv_sqrt_head_dim ? "isqrt_" : "", causal ? "causal_" : "full_",
-                       dtype_name(dtype), layout == Layout::BSHD ? "_bshd" : "_bhsd", gap ? "_gap" : "",
-                       dim_stride > 1 ? "_dstride" : "");
+                       storage_name());
   }
   MlrOptions options() const {
     MlrOptions o;
@@ -109,7 +106,7 @@ struct MlrFamily {
   MlrFamily(const MlrFamily&) = delete;  // opt points into c's lists
 
   test::Shape shape() const {
-    return {{c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D(), c.Dv, c.dtype}, c.layout, c.gap, c.dim_stride};
+    return test::shape_of(c, {c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D(), c.Dv});
   }
   double work() const { return double(c.Nq) * c.Nk * (c.D() + c.Dv) * c.Hq * c.B; }
   bool grads() const { return c.grads; }
@@ -348,26 +345,20 @@ std::vector<Case> shape_cases() {  // GQA, dtypes, layouts, strides, Nq != Nk, h
       c.avg = ratio == 2;
       v.push_back(c);
     }
-  for (Layout l : {Layout::BSHD, Layout::BHSD})
-    for (int64_t gap : {0, 5})
-      for (int64_t ds : {1, 2})
-        for (DType t : {DType::f32, DType::bf16}) {
-          Case c;
-          c.B = 2;
-          c.layout = l;
-          c.gap = gap;
-          c.dim_stride = ds;
-          c.dtype = t;
-          c.Nq = 97;
-          c.Nk = 131;
-          c.Hq = 4;
-          c.Hkv = 2;
-          c.ranks = {32, 20, 7};  // head dim 59
-          c.Dv = 48;
-          c.causal = gap == 0;
-          c.segs = ds > 1 ? std::vector<int64_t>{50} : std::vector<int64_t>{};
-          v.push_back(c);
-        }
+  for (const test::Storage& st : test::every_storage()) {
+    Case c;
+    c.set_storage(st);
+    c.B = 2;
+    c.Nq = 97;
+    c.Nk = 131;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.ranks = {32, 20, 7};  // head dim 59
+    c.Dv = 48;
+    c.causal = st.gap == 0;
+    c.segs = st.dim_stride > 1 ? std::vector<int64_t>{50} : std::vector<int64_t>{};
+    v.push_back(c);
+  }
   for (auto [nq, nk] : {std::pair<int64_t, int64_t>{37, 97}, {1, 200}, {97, 37}, {64, 300}})
     for (bool causal : {false, true}) {
       Case c;  // bottom-right alignment: query i at position nk - nq + i
@@ -792,7 +783,7 @@ TEST(Mlr, FlopCountMatchesTheDyadicFormula) {
   }
 }
 
-// ---- bad input ------------------------------------------------------------------------------------
+// ---- bad options (the checks every family shares: core_checks_test.cpp) ---------------------------
 
 struct MlrBadInput : ::testing::Test {
   std::vector<float> buf = std::vector<float>(4096, 0.5f), lse = std::vector<float>(64);
@@ -802,13 +793,7 @@ struct MlrBadInput : ::testing::Test {
   MlrOptions opt = mlr_options({8, 4, 4});
   // Expects mlr_attention_forward to throw strata::Error whose message contains every needle.
   void expect_error(const std::vector<std::string>& needles) {
-    try {
-      mlr_attention_forward(q, k, v, o, lv, opt);
-      ADD_FAILURE() << "no error thrown";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-    }
+    test::expect_error([&] { mlr_attention_forward(q, k, v, o, lv, opt); }, needles);
   }
 };
 
@@ -896,55 +881,9 @@ TEST_F(MlrBadInput, SegmentOffsetsInconsistent) {
   lv = TensorView(l2.data(), DType::f32, {2, 2, 8});
   expect_error({"'segment_offsets[1..2]'", "non-decreasing", "got 2, 1"});
 }
-TEST_F(MlrBadInput, NegativeSizes) {
-  for (int dim = 0; dim < 3; ++dim) {
-    TensorView bad = q;
-    bad.shape[dim] = -3;
-    try {
-      mlr_attention_forward(bad, k, v, o, lv, opt);
-      ADD_FAILURE() << "no error for dim " << dim;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("'q'"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("sizes >= 0"), std::string::npos) << e.what();
-    }
-  }
-}
 TEST_F(MlrBadInput, SegmentsNull) {
   opt.num_segment_starts = 2;
   expect_error({"'segment_starts'", "null"});
 }
-TEST_F(MlrBadInput, MismatchedHeadDim) {
-  k.shape[3] = 15;
-  expect_error({"'k'", "dim=16", "dim=15"});
-}
-TEST_F(MlrBadInput, MixedDtypes) {
-  v.dtype = DType::bf16;
-  expect_error({"'v'", "float32", "bfloat16"});
-}
-TEST_F(MlrBadInput, HeadsNotDivisible) {
-  q.shape[2] = 3;
-  o.shape[2] = 3;
-  lv.shape[1] = 3;
-  expect_error({"'k'", "heads dividing", "got 2"});
-}
-TEST_F(MlrBadInput, WrongOutputShape) {
-  o.shape[1] = 9;
-  expect_error({"'o'", "seq=8", "seq=9"});
-}
-TEST_F(MlrBadInput, WrongLseShape) {
-  lv.shape[2] = 7;
-  expect_error({"'lse'", "[1, 2, 8]", "[1, 2, 7]"});
-}
-TEST_F(MlrBadInput, BackwardGradShape) {
-  TensorView bad = k;
-  bad.shape[1] = 5;
-  try {
-    mlr_attention_backward(q, k, v, o, lv, o, q, bad, v, opt);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'dk'"), std::string::npos) << e.what();
-  }
-}
-
 }  // namespace
 }  // namespace strata

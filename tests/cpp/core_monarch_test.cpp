@@ -2,7 +2,8 @@
 // against the double-precision reference over lengths, block sizes, steps, masks, padding sides,
 // modes, GQA, dtypes, layouts and strides (forward output and all three gradients); the
 // reference's gradients against central finite differences (float64); the exact cases (B = 1 and
-// B >= N are softmax attention); the variational objective; saved state; threads; bad input.
+// B >= N are softmax attention); the variational objective; saved state; threads; bad options (the
+// checks every family shares are in core_checks_test.cpp). The sweep runs on kernel_harness.h.
 //
 // Tolerances (normwise: max abs error / max(max |reference|, floor)):
 //   fp32 forward 2e-5: every step is fp32 GEMMs of length D, B or M and two softmaxes (exp2
@@ -41,21 +42,16 @@ using test::Owned4;
 
 std::vector<Isa> available_isas() { return test::isas_to_test(); }
 
-struct Case {
+struct Case : test::Storage {
   int64_t Bt = 1, N = 7, Hq = 2, Hkv = 1, D = 16, Dv = 16;
   int64_t block = 0, T = 1;
   bool pre = false, ref = false, mask = false;
   double amp = 1.0;  // q, k ~ U(-amp, amp): larger gives peakier softmaxes
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: the default 1/sqrt(D)
-  DType dtype = DType::f32;
-  Layout layout = Layout::BSHD;
-  int64_t gap = 0, dim_stride = 1;
   std::string name() const {
     return detail::cat("Bt", Bt, "_N", N, "_Hq", Hq, "_Hkv", Hkv, "_D", D, "_Dv", Dv, "_B", block, "_T", T,
                        pre ? "_pre" : "_post", ref ? "_ref" : "_stable", mask ? "_mask" : "",
-                       amp != 1.0 ? "_amp" : "", std::isnan(scale) ? "" : "_scale", "_", dtype_name(dtype),
-                       layout == Layout::BSHD ? "_bshd" : "_bhsd",
-                       gap ? "_gap" : "", dim_stride > 1 ? "_dstride" : "");
+                       amp != 1.0 ? "_amp" : "", std::isnan(scale) ? "" : "_scale", "_", storage_name());
   }
 };
 
@@ -128,7 +124,7 @@ struct MonarchFamily {
   MonarchFamily(const MonarchFamily&) = delete;  // opt points into mask
 
   test::Shape shape() const {
-    return {{c.Bt, c.N, c.N, c.Hq, c.Hkv, c.D, c.Dv, c.dtype}, c.layout, c.gap, c.dim_stride};
+    return test::shape_of(c, {c.Bt, c.N, c.N, c.Hq, c.Hkv, c.D, c.Dv});
   }
   double work() const {
     const MonarchGeometry g = monarch_geometry(c.N, opt);
@@ -249,28 +245,22 @@ std::vector<Case> shape_cases() {
     if (d == 59 || d == 1) c.scale = d == 1 ? 1.7f : 0.3f;
     v.push_back(c);
   }
-  for (Layout l : {Layout::BSHD, Layout::BHSD})
-    for (int64_t gap : {0, 5})
-      for (int64_t ds : {1, 2})
-        for (DType t : {DType::f32, DType::bf16}) {
-          Case c;
-          c.Bt = 2;
-          c.layout = l;
-          c.gap = gap;
-          c.dim_stride = ds;
-          c.dtype = t;
-          c.N = 45;
-          c.Hq = 4;
-          c.Hkv = 2;
-          c.D = 24;
-          c.Dv = 20;
-          c.T = 2;
-          c.block = 6;
-          c.mask = ds > 1;
-          c.pre = gap > 0;
-          c.ref = l == Layout::BHSD && t == DType::f32;
-          v.push_back(c);
-        }
+  for (const test::Storage& st : test::every_storage()) {
+    Case c;
+    c.set_storage(st);
+    c.Bt = 2;
+    c.N = 45;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.D = 24;
+    c.Dv = 20;
+    c.T = 2;
+    c.block = 6;
+    c.mask = st.dim_stride > 1;
+    c.pre = st.gap > 0;
+    c.ref = st.layout == Layout::BHSD && st.dtype == DType::f32;
+    v.push_back(c);
+  }
   {
     Case c;  // bf16, longer, every switch on
     c.dtype = DType::bf16;
@@ -705,7 +695,7 @@ TEST(MonarchGeometryTest, DefaultsAndPadding) {
   EXPECT_EQ(monarch_geometry(37, opt).pad_front, 0);
 }
 
-// ---- bad input ----------------------------------------------------------------------------------
+// ---- bad options (the checks every family shares: core_checks_test.cpp) ---------------------------
 
 struct MonarchBadInput : ::testing::Test {
   std::vector<float> buf = std::vector<float>(4096, 0.5f);
@@ -713,41 +703,20 @@ struct MonarchBadInput : ::testing::Test {
   TensorView v{buf.data(), DType::f32, {1, 8, 2, 16}}, o{buf.data() + 1024, DType::f32, {1, 8, 2, 16}};
   TensorView state;
   MonarchOptions opt;
+  // Expects the forward (or the backward) to throw strata::Error whose message has every needle.
   void expect_error(const std::vector<std::string>& needles, bool backward = false) {
-    try {
-      if (backward) {
-        monarch_attention_backward(q, k, v, state, o, o, k, v, opt);
-      } else {
-        monarch_attention_forward(q, k, v, o, state, opt);
-      }
-      ADD_FAILURE() << "no error thrown";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-    }
+    test::expect_error(
+        [&] {
+          if (backward) {
+            monarch_attention_backward(q, k, v, state, o, o, k, v, opt);
+          } else {
+            monarch_attention_forward(q, k, v, o, state, opt);
+          }
+        },
+        needles);
   }
 };
 
-TEST_F(MonarchBadInput, CrossAttentionRejected) {
-  k.shape[1] = v.shape[1] = 9;
-  expect_error({"'k'", "seq=8", "seq=9", "self-attention"});
-}
-TEST_F(MonarchBadInput, MismatchedHeadDim) {
-  k.shape[3] = 15;
-  expect_error({"'k'", "dim=16", "dim=15"});
-}
-TEST_F(MonarchBadInput, MixedDtypes) {
-  v.dtype = DType::bf16;
-  expect_error({"'v'", "float32", "bfloat16"});
-}
-TEST_F(MonarchBadInput, UnsupportedDtype) {
-  q.dtype = DType::f64;
-  expect_error({"'q'", "float32 or bfloat16", "float64"});
-}
-TEST_F(MonarchBadInput, HeadsNotDivisible) {
-  q.shape[2] = o.shape[2] = 3;
-  expect_error({"'k'", "heads dividing", "got 2"});
-}
 TEST_F(MonarchBadInput, ZeroSteps) {
   opt.num_steps = 0;
   expect_error({"'num_steps'", ">= 1", "got 0"});
@@ -760,16 +729,6 @@ TEST_F(MonarchBadInput, NonFiniteScale) {
   opt.scale = INFINITY;
   expect_error({"'scale'", "finite"});
 }
-TEST_F(MonarchBadInput, WrongOutputShape) {
-  o.shape[3] = 8;
-  expect_error({"'o'", "dim=16", "dim=8"});
-}
-TEST_F(MonarchBadInput, MaskWrongShapeAndDtype) {
-  opt.key_padding_mask = TensorView(buf.data(), DType::u8, {1, 7});
-  expect_error({"'key_padding_mask'", "[1, 8]", "[1, 7]"});
-  opt.key_padding_mask = TensorView(buf.data(), DType::f32, {1, 8});
-  expect_error({"'key_padding_mask'", "uint8", "float32"});
-}
 TEST_F(MonarchBadInput, StateWrongShape) {
   opt.num_steps = 3;
   opt.block_size = 3;  // M*B = 9
@@ -777,20 +736,6 @@ TEST_F(MonarchBadInput, StateWrongShape) {
   expect_error({"'state'", "[1, 2, 2, 9, 16]", "[1, 2, 2, 8, 16]"});
   state = TensorView(buf.data(), DType::bf16, {1, 2, 2, 9, 16});
   expect_error({"'state'", "float32", "bfloat16"}, true);
-}
-TEST_F(MonarchBadInput, NullPointer) {
-  k.data = nullptr;
-  expect_error({"'k'", "non-null"});
-}
-TEST_F(MonarchBadInput, BackwardGradShape) {
-  TensorView bad = q;
-  bad.shape[1] = 5;
-  try {
-    monarch_attention_backward(q, k, v, state, o, bad, k, v, opt);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'dq'"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

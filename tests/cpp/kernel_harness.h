@@ -35,13 +35,45 @@
 
 namespace strata::test {
 
-// The sizes of one call and how its tensors are stored: q, k, v with row padding `gap` and
-// `dim_stride`; o and the gradients with the gap only; dout contiguous.
+// How a case stores its tensors: dtype (of q, k, v, o and the gradients), layout, and q, k, v
+// strided (row padding `gap`, `dim_stride`; o and the gradients with the gap only; dout
+// contiguous). Each family's Case derives from it.
+struct Storage {
+  DType dtype = DType::f32;
+  Layout layout = Layout::BSHD;
+  int64_t gap = 0, dim_stride = 1;
+
+  void set_storage(const Storage& s) { *this = s; }
+  // For a case's name, e.g. "float32_bhsd_gap_dstride".
+  std::string storage_name() const {
+    return detail::cat(dtype_name(dtype), layout == Layout::BSHD ? "_bshd" : "_bhsd", gap ? "_gap" : "",
+                       dim_stride > 1 ? "_dstride" : "");
+  }
+};
+
+// The storages every family's sweep covers: both layouts x row gap 0 or 5 x dim stride 1 or 2 x
+// fp32 or bf16 (in that nesting).
+inline std::vector<Storage> every_storage() {
+  std::vector<Storage> v;
+  for (Layout l : {Layout::BSHD, Layout::BHSD})
+    for (int64_t gap : {0, 5})
+      for (int64_t ds : {1, 2})
+        for (DType t : {DType::f32, DType::bf16}) v.push_back({t, l, gap, ds});
+  return v;
+}
+
+// The sizes of one call and how its tensors are stored.
 struct Shape {
-  AttnDims d;
+  AttnDims d;  // d.dtype: the storage's
   Layout layout = Layout::BSHD;
   int64_t gap = 0, dim_stride = 1;
 };
+
+// The shape of a case stored as s with sizes d.
+inline Shape shape_of(const Storage& s, AttnDims d) {
+  d.dtype = s.dtype;
+  return {d, s.layout, s.gap, s.dim_stride};
+}
 
 // q, k, v and the backward's dout of one case.
 struct Inputs {

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "strata/attention.h"
@@ -140,6 +142,18 @@ inline double rel_err(const std::vector<double>& got, const std::vector<double>&
   for (size_t i = 0; i < got.size(); ++i)
     if (!add_pair(got[i], want[i], nan_ok, num, den)) return INFINITY;
   return num / den;
+}
+
+// Expects fn to throw strata::Error whose message contains every needle (the bad-input tests: the
+// argument's name, what was expected, what came).
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+  }
 }
 
 }  // namespace strata::test
