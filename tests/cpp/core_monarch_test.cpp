@@ -40,8 +40,6 @@ namespace {
 
 using test::Owned4;
 
-std::vector<Isa> available_isas() { return test::isas_to_test(); }
-
 struct Case : test::Storage {
   int64_t Bt = 1, N = 7, Hq = 2, Hkv = 1, D = 16, Dv = 16;
   int64_t block = 0, T = 1;
@@ -424,7 +422,7 @@ void check_exact(int64_t N, int64_t block, int64_t T, bool ref, bool mask, bool 
   for (size_t i = 0; i < ro.size(); ++i) err = std::max(err, std::fabs(ro[i] - eo[i]));
   EXPECT_LE(err, 1e-10) << "reference vs exact attention";
 
-  for (Isa isa : available_isas()) {
+  for (Isa isa : test::isas_to_test()) {
     SCOPED_TRACE(isa_name(isa));
     set_isa(isa);
     Owned4 o(c.Bt, N, c.Hq, c.Dv, DType::f32, Layout::BSHD);

@@ -1,7 +1,7 @@
 // tests/cpp/test_util.h: owned random tensors with chosen dtype / layout / strides, the
 // normwise relative error used by every kernel-vs-reference comparison, and the ISA loop the
-// kernel sweeps run each case under; keys that grow with position and an lse check for the
-// tests of the forwards' lazily raised reference max.
+// kernel sweeps run each case under (kernel_harness.h); keys that grow with position for the
+// tests of the forwards' lazily raised reference max; the bad-input tests' error check.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -98,14 +98,6 @@ inline void grow_keys_with_position(Owned4& k) {
       for (idx[2] = 0; idx[2] < k.view.shape[2]; ++idx[2])
         for (idx[3] = 0; idx[3] < k.view.shape[3]; ++idx[3])
           k.view.set(idx, k.view.get(idx) * (1.0 + double(idx[1] * idx[1]) / 3300.0));
-}
-
-// Every lse within 1e-5 relative (absolute below 1) of the reference's.
-template <class T>
-void expect_lse_near(const std::vector<T>& got, const std::vector<double>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(double(got[i]), want[i], 1e-5 * std::max(1.0, std::fabs(want[i]))) << "lse " << i;
 }
 
 // Adds one (got, want) pair to a normwise comparison; false when the pair cannot be compared by
