@@ -4,7 +4,8 @@
 // (where the family has one), dq, dk, dv. Two references of one family must also agree with each
 // other. A family plugs in with a small adapter F, made from one case (F f(c)):
 //
-//   F::Case                        the sweep's case, with std::string name()
+//   F::Case                        the sweep's case: a test::Storage (dtype, layout, strides;
+//                                  every_storage() is the sweep over them) with std::string name()
 //   double scalar_max_work         the scalar ISA (std::fma calls, one lane) runs only cases of at
 //                                  most this many multiply-adds (test::isas_to_test)
 //   Inputs in                      q, k, v, dout (make_inputs); a test may change them before
