@@ -49,8 +49,8 @@ struct Case : test::Storage {
 // The dense family's adapter for the harness (kernel_harness.h). Key padding masks roughly a
 // third of the keys (and in batch 0 the first key); the bias is U(-2, 2), broadcast over batch.
 struct DenseFamily {
-  using Case = strata::Case;
-  double scalar_max_work = 2e7;
+  using Case = ::strata::Case;
+  double scalar_max_work = 2e7;  // scalar (std::fma calls, one lane): the small cases only
   Case c;
   test::Inputs in;
   AttentionOptions opt;
