@@ -349,15 +349,7 @@ TEST(MlrKvCache, MemoryKeepsOnlyTheCurrentBlocks) {
 TEST(MlrKvCache, BadInput) {
   MlrOptions o = mlr_options({4, 4});
   o.context = 16;
-  auto expect_error = [](auto fn, const std::vector<std::string>& needles) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error thrown";
-    } catch (const Error& e) {
-      for (const auto& n : needles)
-        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
-    }
-  };
+  using test::expect_error;
   const int64_t segs[] = {4, 2}, offs[] = {0, 2};
   MlrOptions seg = o;
   seg.segment_starts = segs;
@@ -384,6 +376,12 @@ TEST(MlrKvCache, BadInput) {
   TensorView q2(qb.data(), DType::f32, {2, 2, 3, 8});
   expect_error([&] { cache.attend(q2, out, TensorView(lse.data(), DType::f32, {2, 3, 1})); },
                {"'q'", "seq=1", "seq=2"});
+  // o and lse through the checks every family shares (strata/checks.h): one row per sequence
+  TensorView out_bad(ob.data(), DType::f32, {2, 1, 3, 3});
+  expect_error([&] { cache.attend(q, out_bad, TensorView(lse.data(), DType::f32, {2, 3, 1})); },
+               {"MlrKvCache::attend: argument 'o'", "dim=4", "dim=3"});
+  expect_error([&] { cache.attend(q, out, TensorView(lse.data(), DType::f32, {2, 3, 2})); },
+               {"MlrKvCache::attend: argument 'lse'", "[2, 3, 1]", "[2, 3, 2]"});
 }
 
 }  // namespace

@@ -1,14 +1,16 @@
 // tests/cpp/test_util.h: owned random tensors with chosen dtype / layout / strides, the
 // normwise relative error used by every kernel-vs-reference comparison, and the ISA loop the
-// kernel sweeps run each case under; keys that grow with position and an lse check for the
-// tests of the forwards' lazily raised reference max.
+// kernel sweeps run each case under (kernel_harness.h); keys that grow with position for the
+// tests of the forwards' lazily raised reference max; the bad-input tests' error check.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "strata/attention.h"
@@ -98,14 +100,6 @@ inline void grow_keys_with_position(Owned4& k) {
           k.view.set(idx, k.view.get(idx) * (1.0 + double(idx[1] * idx[1]) / 3300.0));
 }
 
-// Every lse within 1e-5 relative (absolute below 1) of the reference's.
-template <class T>
-void expect_lse_near(const std::vector<T>& got, const std::vector<double>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(double(got[i]), want[i], 1e-5 * std::max(1.0, std::fabs(want[i]))) << "lse " << i;
-}
-
 // Adds one (got, want) pair to a normwise comparison; false when the pair cannot be compared by
 // size: a NaN on either side (both NaN only counts as a match when nan_ok: a test that expects
 // NaN there says so), or infinities that differ. std::max would silently drop a NaN instead.
@@ -140,6 +134,18 @@ inline double rel_err(const std::vector<double>& got, const std::vector<double>&
   for (size_t i = 0; i < got.size(); ++i)
     if (!add_pair(got[i], want[i], nan_ok, num, den)) return INFINITY;
   return num / den;
+}
+
+// Expects fn to throw strata::Error whose message contains every needle (the bad-input tests: the
+// argument's name, what was expected, what came).
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+  }
 }
 
 }  // namespace strata::test
