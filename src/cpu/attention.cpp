@@ -28,6 +28,14 @@ void validate(const char* where, const AttentionOptions& opt, const AttnDims& d)
   STRATA_CHECK_ARG(opt.window_left >= -1, where, "window_left", ">= 0, or -1 for unbounded", opt.window_left);
   STRATA_CHECK_ARG(opt.window_right >= -1, where, "window_right", ">= 0, or -1 for unbounded", opt.window_right);
   STRATA_CHECK_ARG(opt.num_global >= 0, where, "num_global", ">= 0", opt.num_global);
+  // The kernels compare positions in fp32 lanes (exact below 2^24; a causal forward over 2^24 + 300
+  // keys silently dropped the newest keys of every row): the queries and the keys within their
+  // reach stay below that. A left window without global tokens bounds the reach (the kernels then
+  // run on the keys some query reaches: first_reachable_key), so windowed attention over longer
+  // sequences runs.
+  const bool windowed = opt.window_left >= 0 && opt.num_global == 0;
+  const int64_t reach = windowed ? std::min(d.seqlen_k, d.seqlen_q + opt.window_left) : d.seqlen_k;
+  check_positions(where, d.seqlen_q, reach, " (keys within the queries' reach: window_left bounds it)");
   check_key_padding_mask(where, opt.key_padding_mask, d.batch, d.seqlen_k);
   const TensorView& bias = opt.bias;
   if (given(bias)) {
@@ -128,14 +136,6 @@ void drop_leading_keys(DenseAttnParams& p, int64_t k0, bool backward) {
   p.seqlen_k -= k0;
 }
 
-// The kernels compare positions in fp32 lanes (exact below 2^24; a causal forward over 2^24 + 300
-// keys silently dropped the newest keys of every row): the queries and the keys within their reach
-// must stay below that. A window bounds the reach (drop_leading_keys runs first), so windowed
-// attention over longer sequences still runs.
-void check_positions_exact(const char* where, const DenseAttnParams& p) {
-  check_positions(where, p.seqlen_q, p.seqlen_k, " (keys within the queries' reach: window_left bounds it)");
-}
-
 // Writes zeros to the first n positions (along the seq dim of layout l) of a 4-D view: the
 // gradients of keys no query reaches.
 void zero_leading_positions(const TensorView& t, Layout l, int64_t n) {
@@ -163,7 +163,6 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& o, const TensorView& lse, const AttentionOptions& opt) {
   DenseAttnParams p = make_params("attention_forward", q, k, v, o, lse, opt);
   drop_leading_keys(p, first_reachable_key(p), /*backward=*/false);
-  check_positions_exact("attention_forward", p);
   run_forward(p);
 }
 
@@ -183,7 +182,6 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   zero_leading_positions(dk, L, k0);  // keys no query reaches get no gradient
   zero_leading_positions(dv, L, k0);
   drop_leading_keys(p, k0, /*backward=*/true);
-  check_positions_exact(where, p);
   run_backward(p);
 }
 

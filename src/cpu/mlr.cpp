@@ -28,7 +28,6 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   check_out(where, o, L, d);
   check_lse(where, lse, d);
   validate(where, opt, d);
-  check_positions(where, d.seqlen_q, d.seqlen_k);
 
   MlrParams p;
   p.lv = cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);
@@ -68,6 +67,7 @@ double mlr_level_scale(const MlrOptions& opt, int l, int64_t head_dim) {
 void validate(const char* where, const MlrOptions& opt, const AttnDims& d) {
   STRATA_CHECK_ARG(opt.scale == MlrScale::inv_rank || opt.scale == MlrScale::inv_sqrt_head_dim, where, "scale",
                    "inv_rank or inv_sqrt_head_dim", int(opt.scale));
+  check_positions(where, d.seqlen_q, d.seqlen_k);  // the kernel's fp32 lanes hold positions
   cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);
 }
 

@@ -85,6 +85,7 @@ void validate(const char* where, const MonarchOptions& opt, const AttnDims& d) {
   STRATA_CHECK_ARG(std::isnan(opt.scale) || std::isfinite(opt.scale), where, "scale",
                    "a finite number (or NaN for 1/sqrt(head_dim))", opt.scale);
   STRATA_CHECK_ARG(opt.block_size >= 0, where, "block_size", ">= 1, or 0 for floor(sqrt(seqlen))", opt.block_size);
+  check_positions(where, d.seqlen_q, d.seqlen_k);  // one bound on sequence lengths for every family
   check_key_padding_mask(where, opt.key_padding_mask, d.batch, d.seqlen_k);
 }
 
