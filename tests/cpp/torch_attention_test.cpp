@@ -16,19 +16,14 @@
 
 #include "strata/error.h"
 #include "strata/torch/attention.h"
+#include "torch_test_util.h"
 
 namespace {
 
 namespace st = strata::torch;
-
-// max |got - want| / max(max |want|, 1e-30), in float64; NaN in got counts as infinite error.
-double rel_err(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  if (g.isnan().any().item<bool>()) return std::numeric_limits<double>::infinity();
-  const double num = (g - w).abs().max().item<double>();
-  const double den = std::max(w.abs().max().item<double>(), 1e-30);
-  return num / den;
-}
+using strata::test::message;
+using strata::test::out_and_grads;
+using strata::test::rel_err;
 
 // Bool seq_q x seq_k: key j allowed for query i by causal / window / global (bottom-right).
 at::Tensor allowed_mask(int64_t nq, int64_t nk, bool causal, int64_t wl = -1, int64_t wr = -1, int64_t g = 0) {
@@ -158,17 +153,6 @@ TEST(TorchAttention, BhsdLayoutAndStridedInputs) {
   const at::Tensor qp = at::zeros({s.b, s.nq, s.hq, s.d + 5}).narrow(3, 0, s.d).copy_(q);
   a.layout = "bshd";
   EXPECT_EQ(rel_err(std::get<0>(st::attention_forward(qp, k, v, a)), want), 0.0);
-}
-
-// Runs loss = sum(out * g) backward through fn(q, k, v) and returns (out, dq, dk, dv).
-template <class Fn>
-std::vector<at::Tensor> out_and_grads(Fn fn, const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
-                                      const at::Tensor& g) {
-  const at::Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(),
-                   v = v0.detach().requires_grad_();
-  const at::Tensor out = fn(q, k, v);
-  const auto grads = ::torch::autograd::grad({out}, {q, k, v}, {g.to(out.scalar_type())});
-  return {out.detach(), grads[0], grads[1], grads[2]};
 }
 
 TEST(TorchAttention, AutogradMatchesSdpaFloat64) {
@@ -301,15 +285,6 @@ TEST(TorchAttention, PaperGswaPerBranchScalesOverride) {
 
 TEST(TorchAttention, ErrorsNameTheArgument) {
   const at::Tensor q = at::randn({1, 4, 2, 8}), k = at::randn({1, 5, 2, 8}), v = at::randn({1, 5, 2, 8});
-  // Returns the message of the strata::Error fn throws ("" if none).
-  auto message = [](auto fn) -> std::string {
-    try {
-      fn();
-    } catch (const strata::Error& e) {
-      return e.what();
-    }
-    return "";
-  };
   st::AttentionArgs a;
   EXPECT_NE(message([&] { st::view_of(at::randn({2}, at::kMeta), "q"); }).find("argument 'q': expected a CPU tensor"),
             std::string::npos);

@@ -29,25 +29,16 @@
 #include "strata/torch/attention.h"
 #include "strata/torch/mlr.h"
 #include "strata/torch/mlr_attention.h"
+#include "torch_test_util.h"
 
 namespace {
 
 namespace st = strata::torch;
+using strata::test::message;
+using strata::test::out_and_grads;
+using strata::test::rel_err;
 
 constexpr double kFwdTol = 2e-5, kGradTol = 1e-4, kBf16FwdTol = 1e-2, kBf16GradTol = 2e-2;
-
-// max |got - want| / max(max |want|, floor) in float64 over the finite entries of want (infinite
-// entries must match exactly); NaN in got is an infinite error.
-double rel_err(const at::Tensor& got, const at::Tensor& want, double floor = 1e-30) {
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  if (g.isnan().any().item<bool>()) return std::numeric_limits<double>::infinity();
-  const at::Tensor fin = w.isfinite();
-  if (!at::equal(g.masked_select(fin.logical_not()), w.masked_select(fin.logical_not())))
-    return std::numeric_limits<double>::infinity();
-  if (!fin.any().item<bool>()) return 0;
-  const double num = (g.masked_select(fin) - w.masked_select(fin)).abs().max().item<double>();
-  return num / std::max(w.masked_select(fin).abs().max().item<double>(), floor);
-}
 
 struct Case {
   int64_t b, nq, nk, hq, hkv, dv;
@@ -87,16 +78,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> make_qkv(const Case& c, at::Scala
   const auto o = at::TensorOptions().dtype(at::kDouble);
   return {at::randn({c.b, c.nq, c.hq, c.d()}, o).to(t), at::randn({c.b, c.nk, c.hkv, c.d()}, o).to(t),
           at::randn({c.b, c.nk, c.hkv, c.dv}, o).to(t)};
-}
-
-// Runs loss = sum(out * g) backward through fn(q, k, v) and returns (out, dq, dk, dv).
-template <class Fn>
-std::vector<at::Tensor> out_and_grads(Fn fn, const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
-                                      const at::Tensor& g) {
-  const at::Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(), v = v0.detach().requires_grad_();
-  const at::Tensor out = fn(q, k, v);
-  const auto grads = ::torch::autograd::grad({out}, {q, k, v}, {g.to(out.scalar_type())});
-  return {out.detach(), grads[0], grads[1], grads[2]};
 }
 
 // The reference's (out, dq, dk, dv) for inputs q, k, v (any accepted dtype) and dout g.
@@ -391,15 +372,6 @@ TEST(TorchMlr, EmptyRowsAreZeroWithZeroGrad) {
 }
 
 // Returns the message of the strata::Error fn throws ("" if none).
-template <class F>
-std::string message(F fn) {
-  try {
-    fn();
-  } catch (const strata::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(TorchMlr, ErrorsNameTheArgument) {
   const at::Tensor q = at::randn({1, 6, 2, 8}), k = at::randn({1, 6, 2, 8}), v = at::randn({1, 6, 2, 4});

@@ -26,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "torch_test_util.h"
 #include "strata/error.h"
 #include "strata/torch/baselines.h"
 #include "strata/torch/monarch.h"
@@ -34,14 +35,8 @@ namespace {
 
 namespace st = strata::torch;
 using strata::detail::cat;
-
-// max |got - want| / max(max |want|, floor), in float64; NaN in got counts as infinite error.
-double rel_err(const at::Tensor& got, const at::Tensor& want, double floor = 1e-30) {
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  if (g.isnan().any().item<bool>()) return std::numeric_limits<double>::infinity();
-  if (g.numel() == 0) return 0.0;
-  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), floor);
-}
+using strata::test::out_and_grads;
+using strata::test::rel_err;
 
 // Logical BSHD view of a tensor stored in `layout`.
 at::Tensor as_bshd(const at::Tensor& t, const std::string& layout) { return layout == "bshd" ? t : t.transpose(1, 2); }
@@ -180,17 +175,6 @@ TEST(TorchMonarch, KernelMatchesReference) {
       EXPECT_LE(rel_err(dv, rv, 1e-2), tol) << "dv";
     }
   }
-}
-
-// [out, dq, dk, dv] of loss = sum(fn(q, k, v) * g) by autograd, from detached copies of q, k, v.
-template <class F>
-std::vector<at::Tensor> out_and_grads(F fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& g) {
-  at::Tensor x = q.detach().clone().requires_grad_(), y = k.detach().clone().requires_grad_(),
-             z = v.detach().clone().requires_grad_();
-  const at::Tensor out = fn(x, y, z);
-  const auto grads = torch::autograd::grad({out}, {x, y, z}, {g.to(out.scalar_type())});
-  return {out.detach(), grads[0], grads[1], grads[2]};
 }
 
 TEST(TorchMonarch, AutogradFp32MatchesFloat64Reference) {
