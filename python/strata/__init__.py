@@ -50,7 +50,6 @@ __all__ = [
     "attention",
     "attention_forward",
     "attention_backward",
-    "paper_gswa_attention",
     "library_path",
     # MLR attention (strata.mlr)
     "mlr_attention",
@@ -58,21 +57,23 @@ __all__ = [
     "mlr_attention_backward",
     "pack_segments",
     "MLRAttention",
-    # MonarchAttention and the Performer / Nystromformer baselines (strata.monarch)
+    # MonarchAttention and the model converter (strata.monarch)
     "monarch_attention",
     "monarch_attention_forward",
     "monarch_attention_backward",
+    "monarch_attention_flops",
+    "MonarchAttention",
+    "convert_attention",
+    # the baselines (strata.baselines)
+    "paper_gswa_attention",
     "performer_attention",
     "nystrom_attention",
-    "monarch_attention_flops",
     "softmax_attention_flops",
     "performer_attention_flops",
     "nystrom_attention_flops",
     "SoftmaxAttention",
-    "MonarchAttention",
     "PerformerAttention",
     "NystromAttention",
-    "convert_attention",
 ]
 
 _LIB_NAME = "libstrata_torch.so"
@@ -215,63 +216,25 @@ def attention_backward(
         *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
 
 
-def paper_gswa_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    split_a: int,
-    window: int,
-    *,
-    scale_a: Optional[float] = None,
-    scale_b: Optional[float] = None,
-    layout: str = "bshd",
-) -> torch.Tensor:
-    """The structured-attention paper's global + sliding-window baseline (differentiable).
-
-    Head dims of q and k are split at ``split_a`` (a = split_a, b = head_dim - a): a causal
-    softmax over dims [0, a) with logits ``scale_a * q_a . k_a`` and a causal sliding-window
-    softmax (keys p - window .. p) over dims [a, head_dim) with logits ``scale_b * q_b . k_b``;
-    the two probability matrices are added without renormalising: ``out = P_a v + P_b v``
-    (v shared, rows of P_a + P_b sum to 2).
-
-    Args:
-        q, k, v: as :func:`attention` (float32, bfloat16 or float64).
-        split_a: a, 1 .. head_dim - 1.
-        window: w >= 0.
-        scale_a: the global branch's logit scale; None means 8 / a, the reference code's
-            (``CausalSelfGlobalSlidingWindowAttention``: the muP-style 8/d logit scale per branch).
-        scale_b: the windowed branch's logit scale; None means 8 / b, the reference code's.
-        layout: "bshd" or "bhsd".
-
-    Returns:
-        out: batch x seq_q x heads_q x head_dim_v (in ``layout``).
-    """
-    where = "paper_gswa_attention"
-    return _ops.paper_gswa_attention(
-        *_check.tensors(where, q=q, k=k, v=v),
-        _check.integer(split_a, where, "split_a"),
-        _check.integer(window, where, "window"),
-        _check.optional_real(scale_a, where, "scale_a"),
-        _check.optional_real(scale_b, where, "scale_b"),
-        _check.string(layout, where, "layout"),
-    )
-
-
 # MLR attention: after the library is loaded (strata.mlr calls torch.ops.strata.mlr_*).
 from .mlr import MLRAttention, mlr_attention, mlr_attention_backward, mlr_attention_forward, pack_segments  # noqa: E402
-# MonarchAttention and the baselines (strata.monarch calls torch.ops.strata.monarch_* etc.).
+# MonarchAttention and the model converter (strata.monarch calls torch.ops.strata.monarch_*).
 from .monarch import (  # noqa: E402
     MonarchAttention,
-    NystromAttention,
-    PerformerAttention,
-    SoftmaxAttention,
     convert_attention,
     monarch_attention,
     monarch_attention_backward,
     monarch_attention_flops,
     monarch_attention_forward,
+)
+# The baselines (strata.baselines: GSWA, Performer, Nystromformer, softmax as a module).
+from .baselines import (  # noqa: E402
+    NystromAttention,
+    PerformerAttention,
+    SoftmaxAttention,
     nystrom_attention,
     nystrom_attention_flops,
+    paper_gswa_attention,
     performer_attention,
     performer_attention_flops,
     softmax_attention_flops,

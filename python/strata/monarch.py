@@ -1,10 +1,9 @@
-"""MonarchAttention and the low-rank baselines (Performer, Nystromformer), from Python.
+"""MonarchAttention, and the conversion of a pretrained model's attention, from Python.
 
 Thin wrappers over ``torch.ops.strata.*`` (registered by ``libstrata_torch.so``, see
 ``torch/ops_monarch.cpp``); the math and its exact semantics are documented in
 ``torch/include/strata/torch/monarch.h`` (MonarchAttention: steps, blocks, padding, the ``stable``
-and ``reference`` modes, masks) and ``torch/include/strata/torch/baselines.h`` (the baselines and
-how they differ from the paper's reference code).
+and ``reference`` modes, masks). The baselines it is compared with are in :mod:`strata.baselines`.
 
 Shapes, layout "bshd" ("bhsd" swaps dims 1 and 2); self-attention only (q and k share seq)::
 
@@ -45,16 +44,8 @@ __all__ = [
     "monarch_attention",
     "monarch_attention_forward",
     "monarch_attention_backward",
-    "performer_attention",
-    "nystrom_attention",
     "monarch_attention_flops",
-    "softmax_attention_flops",
-    "performer_attention_flops",
-    "nystrom_attention_flops",
-    "SoftmaxAttention",
     "MonarchAttention",
-    "PerformerAttention",
-    "NystromAttention",
     "convert_attention",
 ]
 
@@ -167,90 +158,10 @@ def monarch_attention_backward(
         *_monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout))
 
 
-def performer_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    num_features: int,
-    *,
-    seed: Optional[int] = None,
-    key_padding_mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-    layout: str = "bshd",
-) -> torch.Tensor:
-    """Performer (FAVOR+ positive random features), differentiable by torch autograd.
-
-    ``num_features`` Gaussian features shared by all batches and heads; ``seed`` None draws them
-    from torch's default generator on every call (as the paper's code), an int draws the same
-    features every time (the output is close, not bitwise, from call to call). Masked tokens are not keys and output zeros.
-    """
-    where = "performer_attention"
-    return _ops.performer_attention(
-        *_check.tensors(where, q=q, k=k, v=v), _check.integer(num_features, where, "num_features"),
-        _check.optional_integer(seed, where, "seed"),
-        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
-        _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout"))
-
-
-def nystrom_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    num_landmarks: int,
-    *,
-    pinv_iters: int = 6,
-    key_padding_mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-    layout: str = "bshd",
-) -> torch.Tensor:
-    """Nystromformer (segment-mean landmarks, iterative pseudo-inverse), differentiable by torch.
-
-    Landmarks average the valid tokens of contiguous segments (every token is in one; a padded
-    sequence gives the result of the unpadded one); ``num_landmarks >= seq`` is softmax attention
-    up to the pseudo-inverse iteration's error. Masked tokens are not keys and output zeros.
-    """
-    where = "nystrom_attention"
-    return _ops.nystrom_attention(
-        *_check.tensors(where, q=q, k=k, v=v), _check.integer(num_landmarks, where, "num_landmarks"),
-        _check.integer(pinv_iters, where, "pinv_iters"),
-        _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
-        _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout"))
-
-
 def monarch_attention_flops(N: int, heads: int, D: int, Dv: int, T: int, B: int) -> float:
     """FLOPs (2 x matmul MACs, the paper's count) of one sequence, all heads. B = 0: floor(sqrt(N))."""
     where = "monarch_attention_flops"
     return _ops.monarch_attention_flops(*_check.integers(where, N=N, heads=heads, D=D, Dv=Dv, T=T, B=B))
-
-
-def softmax_attention_flops(N: int, D: int, Dv: int = -1) -> float:
-    """FLOPs of dense attention per (sequence, head): 2 N^2 (D + Dv) = 4 N^2 D for Dv = D."""
-    return _ops.softmax_attention_flops(*_check.integers("softmax_attention_flops", N=N, D=D, Dv=Dv))
-
-
-def performer_attention_flops(N: int, D: int, Dv: int, num_features: int) -> float:
-    """FLOPs per (sequence, head): 2 N r (2 D + 2 Dv + 1)."""
-    where = "performer_attention_flops"
-    return _ops.performer_attention_flops(*_check.integers(where, N=N, D=D, Dv=Dv, num_features=num_features))
-
-
-def nystrom_attention_flops(N: int, D: int, Dv: int, num_landmarks: int, pinv_iters: int = 6) -> float:
-    """FLOPs per (sequence, head), m = min(landmarks, N): 2 (2 N m (D + Dv) + m^2 (D + Dv) + 6 iters m^3)."""
-    where = "nystrom_attention_flops"
-    return _ops.nystrom_attention_flops(
-        *_check.integers(where, N=N, D=D, Dv=Dv, num_landmarks=num_landmarks, pinv_iters=pinv_iters))
-
-
-class SoftmaxAttention(torch.nn.Module):
-    """Exact softmax attention by strata's dense kernel: ``forward(q, k, v, key_padding_mask=None)``."""
-
-    def __init__(self, *, scale: Optional[float] = None, layout: str = "bshd"):
-        super().__init__()
-        where = "SoftmaxAttention"
-        self.scale, self.layout = _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout")
-
-    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return _strata.attention(q, k, v, scale=self.scale, key_padding_mask=key_padding_mask, layout=self.layout)
 
 
 class MonarchAttention(torch.nn.Module):
@@ -290,38 +201,6 @@ class MonarchAttention(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_steps={self.num_steps}, block_size={self.block_size}, pad={self.pad!r}, mode={self.mode!r}"
-
-
-class PerformerAttention(torch.nn.Module):
-    """:func:`performer_attention` as a module: ``forward(q, k, v, key_padding_mask=None)``."""
-
-    def __init__(self, num_features: int, *, seed: Optional[int] = None, scale: Optional[float] = None,
-                 layout: str = "bshd"):
-        super().__init__()
-        where = "PerformerAttention"
-        self.num_features = _check.integer(num_features, where, "num_features")
-        self.seed = _check.optional_integer(seed, where, "seed")
-        self.scale, self.layout = _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout")
-
-    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return performer_attention(q, k, v, self.num_features, seed=self.seed, key_padding_mask=key_padding_mask,
-                                   scale=self.scale, layout=self.layout)
-
-
-class NystromAttention(torch.nn.Module):
-    """:func:`nystrom_attention` as a module: ``forward(q, k, v, key_padding_mask=None)``."""
-
-    def __init__(self, num_landmarks: int, *, pinv_iters: int = 6, scale: Optional[float] = None,
-                 layout: str = "bshd"):
-        super().__init__()
-        where = "NystromAttention"
-        self.num_landmarks = _check.integer(num_landmarks, where, "num_landmarks")
-        self.pinv_iters = _check.integer(pinv_iters, where, "pinv_iters")
-        self.scale, self.layout = _check.optional_real(scale, where, "scale"), _check.string(layout, where, "layout")
-
-    def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return nystrom_attention(q, k, v, self.num_landmarks, pinv_iters=self.pinv_iters,
-                                 key_padding_mask=key_padding_mask, scale=self.scale, layout=self.layout)
 
 
 def convert_attention(

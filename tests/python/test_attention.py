@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import strata
+from conftest import assert_as_close_as_torch, assert_raises_naming, out_and_grads, rand_qkv, rel_err
 
 # Acceptance rule (FlashAttention's): strata's error against the float64 truth is at most twice
 # PyTorch's own error for the same computation in the same precision, plus a floor for draws on
@@ -32,14 +33,6 @@ import strata
 # A masking, indexing or scaling bug gives errors of order 1e-1.
 FP32_FLOOR = 1e-6
 BF16_FLOOR = 2.0**-8
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max |want| in float64; NaN in got is an infinite error."""
-    got, want = got.double(), want.double()
-    if torch.isnan(got).any():
-        return math.inf
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
 def allowed_mask(nq: int, nk: int, causal=False, window=(-1, -1), num_global=0) -> torch.Tensor:
@@ -65,30 +58,6 @@ def sdpa_bshd(q, k, v, mask=None, scale=None):
     return F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
 
 
-def out_and_grads(fn, q, k, v, g):
-    """[out, dq, dk, dv] of loss = sum(fn(q, k, v) * g), inputs detached copies of q, k, v."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, g.to(out.dtype))
-    return [out.detach(), *grads]
-
-
-def assert_as_close_as_torch(got, want, torch_same_precision, floor, what=""):
-    """The acceptance rule above, for each of [out, dq, dk, dv]."""
-    for i, (a, w, t) in enumerate(zip(got, want, torch_same_precision)):
-        err, err_torch = rel_err(a, w), rel_err(t, w)
-        assert math.isfinite(err_torch), f"{what} tensor {i}: PyTorch's own result is not finite"
-        assert err <= 2 * err_torch + floor, f"{what} tensor {i} (0 = out, 1..3 = dq, dk, dv): {err:.3g} vs torch {err_torch:.3g}"
-
-
-def rand_qkv(b, nq, nk, hq, hkv, d, dv, dtype, layout="bshd", gen_seed=0):
-    """Random q, k, v in the given layout (BSHD shapes with dims 1 and 2 swapped for bhsd)."""
-    g = torch.Generator().manual_seed(gen_seed)
-    shapes = [(b, nq, hq, d), (b, nk, hkv, d), (b, nk, hkv, dv)]
-    ts = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
-    return [t.transpose(1, 2).contiguous() if layout == "bhsd" else t for t in ts]
-
-
 # ---- gradcheck (float64 = the double reference) ---------------------------------------------
 
 GRADCHECK_CASES = {
@@ -109,7 +78,7 @@ def test_gradcheck_float64(name):
     b, nq, nk, hq, hkv, d, dv = case["shape"]
     opts = dict(case["opts"])
     layout = opts.get("layout", "bshd")
-    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float64, layout, gen_seed=1)
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float64, layout, seed=1)
     if opts.pop("mask", False):
         mask = torch.ones(b, nk, dtype=torch.bool)
         mask[1, 2:4] = False
@@ -121,7 +90,7 @@ def test_gradcheck_float64(name):
 
 
 def test_gradcheck_paper_gswa_float64():
-    q, k, v = rand_qkv(2, 7, 7, 2, 2, 5, 3, torch.float64, gen_seed=2)
+    q, k, v = rand_qkv(2, 7, 7, 2, 2, 5, 3, torch.float64, seed=2)
     inputs = tuple(t.requires_grad_() for t in (q, k, v))
     assert torch.autograd.gradcheck(lambda q, k, v: strata.paper_gswa_attention(q, k, v, 2, 3), inputs)
 
@@ -153,7 +122,7 @@ def test_float32_forward_and_grads_match_sdpa(name):
     b, nq, nk, hq, hkv, d, dv = case["shape"]
     opts = dict(case["opts"])
     layout = opts.get("layout", "bshd")
-    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float32, layout, gen_seed=3)
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float32, layout, seed=3)
     allowed = allowed_mask(nq, nk, opts.get("causal", False), opts.get("window", (-1, -1)), opts.get("num_global", 0))
     allowed = allowed[None, None]  # 1 x 1 x Nq x Nk
     additive = torch.zeros(1, 1, nq, nk, dtype=torch.float64)
@@ -184,11 +153,11 @@ def test_float32_forward_and_grads_match_sdpa(name):
     qs, ks, vs = to_bshd(q), to_bshd(k), to_bshd(v)
     want = out_and_grads(run_sdpa, qs.double(), ks.double(), vs.double(), to_bshd(g))
     torch32 = out_and_grads(run_sdpa, qs, ks, vs, to_bshd(g))
-    assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, name)
+    assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, what=name)
 
 
 def test_forward_lse_and_backward_ops_are_consistent():
-    q, k, v = rand_qkv(2, 19, 27, 4, 2, 16, 12, torch.float32, gen_seed=5)
+    q, k, v = rand_qkv(2, 19, 27, 4, 2, 16, 12, torch.float32, seed=5)
     opts = dict(causal=True, window=(6, 0), scale=0.2)
     out, lse = strata.attention_forward(q, k, v, **opts)
     assert lse.shape == (2, 4, 19) and lse.dtype == torch.float32
@@ -221,7 +190,7 @@ def test_window_over_a_huge_expanded_key_tensor_needs_only_the_window():
 
 
 def test_output_follows_memory_order_of_q():
-    q, k, v = rand_qkv(2, 9, 11, 3, 3, 8, 8, torch.float32, gen_seed=6)
+    q, k, v = rand_qkv(2, 9, 11, 3, 3, 8, 8, torch.float32, seed=6)
     out = strata.attention(q, k, v)
     qh = q.transpose(1, 2).contiguous().transpose(1, 2)  # BSHD view of head-major memory
     out_h = strata.attention(qh, k, v)
@@ -230,14 +199,14 @@ def test_output_follows_memory_order_of_q():
 
 
 def test_double_backward_raises_instead_of_silently_dropping_terms():
-    q, k, v = (t.requires_grad_() for t in rand_qkv(1, 5, 6, 2, 2, 4, 4, torch.float64, gen_seed=12))
+    q, k, v = (t.requires_grad_() for t in rand_qkv(1, 5, 6, 2, 2, 4, 4, torch.float64, seed=12))
     dq, dk = torch.autograd.grad(strata.attention(q, k, v, causal=True).sum(), (q, k), create_graph=True)
     with pytest.raises(RuntimeError, match="double backward is not supported"):
         (dq.square().sum() + dk.sum()).backward()
 
 
 def test_fully_masked_rows_are_zero_with_zero_grads():
-    q, k, v = rand_qkv(2, 5, 6, 2, 2, 4, 4, torch.float32, gen_seed=7)
+    q, k, v = rand_qkv(2, 5, 6, 2, 2, 4, 4, torch.float32, seed=7)
     mask = torch.ones(2, 6, dtype=torch.bool)
     mask[1] = False
     got = out_and_grads(lambda q, k, v: strata.attention(q, k, v, key_padding_mask=mask), q, k, v, torch.ones(2, 5, 2, 4))
@@ -253,12 +222,12 @@ def test_fully_masked_rows_are_zero_with_zero_grads():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_bfloat16_forward_matches_sdpa(causal):
-    q, k, v = rand_qkv(2, 48, 64, 4, 2, 64, 64, torch.bfloat16, gen_seed=8)
+    q, k, v = rand_qkv(2, 48, 64, 4, 2, 64, 64, torch.bfloat16, seed=8)
     mask = allowed_mask(48, 64, causal)
     out = strata.attention(q, k, v, causal=causal)
     assert out.dtype == torch.bfloat16
     want = sdpa_bshd(q.double(), k.double(), v.double(), mask)
-    assert_as_close_as_torch([out], [want], [sdpa_bshd(q, k, v, mask)], BF16_FLOOR, f"bf16 causal={causal}")
+    assert_as_close_as_torch([out], [want], [sdpa_bshd(q, k, v, mask)], BF16_FLOOR, what=f"bf16 causal={causal}")
 
 
 # ---- paper GSWA -----------------------------------------------------------------------------
@@ -279,7 +248,7 @@ GSWA_SCALES = {
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_paper_gswa_matches_explicit_composition(dtype, scales):
     b, n, h, d, dv, a, w = 2, 23, 3, 12, 10, 5, 4
-    q, k, v = rand_qkv(b, n, n, h, h, d, dv, dtype, gen_seed=9)
+    q, k, v = rand_qkv(b, n, n, h, h, d, dv, dtype, seed=9)
     (scale_a, scale_b), want_scales = GSWA_SCALES[scales]
     # Rounded to float32 as the core stores them (AttentionOptions::scale is a float).
     sa, sb = (float(torch.tensor(s, dtype=torch.float32)) for s in want_scales)
@@ -303,11 +272,11 @@ def test_paper_gswa_matches_explicit_composition(dtype, scales):
         for i, (x, y) in enumerate(zip(got, want)):
             assert rel_err(x, y) <= 1e-12, f"tensor {i}"
     else:
-        assert_as_close_as_torch(got, want, out_and_grads(composition, q, k, v, g), FP32_FLOOR, "gswa fp32")
+        assert_as_close_as_torch(got, want, out_and_grads(composition, q, k, v, g), FP32_FLOOR, what="gswa fp32")
 
 
 def test_gradcheck_paper_gswa_float64_given_scales():
-    q, k, v = rand_qkv(1, 6, 6, 2, 2, 5, 3, torch.float64, gen_seed=13)
+    q, k, v = rand_qkv(1, 6, 6, 2, 2, 5, 3, torch.float64, seed=13)
     inputs = tuple(t.requires_grad_() for t in (q, k, v))
     assert torch.autograd.gradcheck(
         lambda q, k, v: strata.paper_gswa_attention(q, k, v, 3, 2, scale_a=0.7, scale_b=1.3), inputs)
@@ -319,7 +288,7 @@ def test_gradcheck_paper_gswa_float64_given_scales():
 def _kernel_calls():
     """name -> a call of each *_forward / *_backward op on inputs that require grad, returning its outputs."""
     def qkv():
-        return [t.requires_grad_() for t in rand_qkv(1, 8, 8, 2, 2, 4, 4, torch.float32, gen_seed=14)]
+        return [t.requires_grad_() for t in rand_qkv(1, 8, 8, 2, 2, 4, 4, torch.float32, seed=14)]
 
     def attn_bwd():
         q, k, v = qkv()
@@ -362,7 +331,7 @@ def test_kernel_ops_are_not_differentiable(name):
 
 
 def _qkv():
-    return rand_qkv(1, 4, 5, 2, 2, 8, 8, torch.float32, gen_seed=11)
+    return rand_qkv(1, 4, 5, 2, 2, 8, 8, torch.float32, seed=11)
 
 
 ERROR_CASES = {
@@ -397,9 +366,7 @@ ERROR_CASES = {
 @pytest.mark.parametrize("name", list(ERROR_CASES))
 def test_bad_input_raises_runtime_error_naming_the_argument(name):
     fn, message = ERROR_CASES[name]
-    with pytest.raises(RuntimeError) as info:
-        fn(*_qkv())
-    assert message in str(info.value)
+    assert_raises_naming(RuntimeError, lambda: fn(*_qkv()), message)
 
 
 def test_window_must_be_a_pair():

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import strata
+from conftest import assert_as_close_as_torch, assert_raises_naming, out_and_grads, rand_qkv, rel_err
 
 FP32_FLOOR = 1e-6  # ~8 ulps of the largest output (see test_attention.py)
 # Gradients: where the truth is exactly zero (T = 1: one key per row, so dq = dk = 0) the kernel
@@ -28,14 +29,6 @@ FP32_FLOOR = 1e-6  # ~8 ulps of the largest output (see test_attention.py)
 # PyTorch's materialised softmax avoids; with the 1e-2 denominator floor below that is 1.5e-5.
 FP32_GRAD_FLOOR = 5e-5
 BF16_FLOOR = 2.0**-8  # one bf16 unit roundoff, paid by the final rounding of every output
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor, floor: float = 1e-30) -> float:
-    """max |got - want| / max(max |want|, floor) in float64; NaN in got is an infinite error."""
-    got, want = got.double(), want.double()
-    if torch.isnan(got).any():
-        return math.inf
-    return ((got - want).abs().max() / want.abs().max().clamp_min(floor)).item()
 
 
 # ---- the independent truth ------------------------------------------------------------------
@@ -123,34 +116,6 @@ def test_dense_truth_is_dense_attention_for_one_level():
 # ---- helpers --------------------------------------------------------------------------------
 
 
-def rand_qkv(b, nq, nk, hq, hkv, d, dv, dtype, layout="bshd", seed=0):
-    """Random q, k, v in the given layout (BSHD shapes with dims 1 and 2 swapped for bhsd)."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(b, nq, hq, d), (b, nk, hkv, d), (b, nk, hkv, dv)]
-    ts = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
-    return [t.transpose(1, 2).contiguous() if layout == "bhsd" else t for t in ts]
-
-
-def out_and_grads(fn, q, k, v, g):
-    """[out, dq, dk, dv] of loss = sum(fn(q, k, v) * g), inputs detached copies of q, k, v."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, g.to(out.dtype))
-    return [out.detach(), *grads]
-
-
-def assert_as_close_as_torch(got, want, torch_same_precision, floor, what=""):
-    """Acceptance rule (module docstring), for each of [out, dq, dk, dv]. Gradient errors are
-    divided by max(max |want|, 1e-2): with one allowed key per row (T = 1) dq and dk are exactly
-    zero, and fp32 round-off must not be divided by ~0 (as core_mlr_test.cpp)."""
-    for i, (a, w, t) in enumerate(zip(got, want, torch_same_precision)):
-        den_floor = 1e-30 if i == 0 else 1e-2
-        err, err_torch = rel_err(a, w, den_floor), rel_err(t, w, den_floor)
-        assert math.isfinite(err_torch), f"{what} tensor {i}: PyTorch's own result is not finite"
-        bound = 2 * err_torch + (floor if i == 0 else max(floor, FP32_GRAD_FLOOR))
-        assert err <= bound, f"{what} tensor {i} (0 = out, 1..3 = dq, dk, dv): {err:.3g} vs torch {err_torch:.3g}"
-
-
 def strata_opts(opts):
     """The dense_mlr options as strata keyword arguments (segment lists packed)."""
     o = dict(opts)
@@ -213,7 +178,7 @@ def test_float32_forward_and_grads_match_dense_truth(name):
 
     want = out_and_grads(truth, qs.double(), ks.double(), vs.double(), gs)
     torch32 = out_and_grads(truth, qs, ks, vs, gs)
-    assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, name)
+    assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, FP32_GRAD_FLOOR, what=name)
 
 
 def test_t1025_forward_matches_dense_truth():
@@ -234,7 +199,7 @@ def test_bfloat16_forward_matches_dense_truth(causal):
     want = dense_mlr(q.double(), k.double(), v.double(), ranks, causal=causal, level_average=True)
     # PyTorch's own bf16 error here: the truth run on float32 copies, rounded to bf16 at the end.
     torch_bf16 = dense_mlr(q.float(), k.float(), v.float(), ranks, causal=causal, level_average=True).bfloat16()
-    assert_as_close_as_torch([out], [want], [torch_bf16], BF16_FLOOR, f"bf16 causal={causal}")
+    assert_as_close_as_torch([out], [want], [torch_bf16], BF16_FLOOR, what=f"bf16 causal={causal}")
 
 
 def test_float64_path_matches_dense_truth():
@@ -406,9 +371,7 @@ ERROR_CASES = {
 @pytest.mark.parametrize("name", list(ERROR_CASES))
 def test_bad_input_raises_runtime_error_naming_the_argument(name):
     fn, message = ERROR_CASES[name]
-    with pytest.raises(RuntimeError) as info:
-        fn(*_qkv())
-    assert message in str(info.value)
+    assert_raises_naming(RuntimeError, lambda: fn(*_qkv()), message)
 
 
 def test_module_errors():

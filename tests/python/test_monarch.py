@@ -17,17 +17,10 @@ import pytest
 import torch
 
 import strata
+from conftest import rel_err
 
 FP32_FWD = 2e-5
 FP32_GRAD = 1e-4
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor, floor: float = 1e-30) -> float:
-    """max |got - want| / max(max |want|, floor) in float64; NaN in got is an infinite error."""
-    got, want = got.double(), want.double()
-    if torch.isnan(got).any():
-        return math.inf
-    return ((got - want).abs().max() / want.abs().max().clamp_min(floor)).item()
 
 
 def monarch_materialised(q, k, v, num_steps=1, block_size=0, pad="post", mask=None, scale=None):

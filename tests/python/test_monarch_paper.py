@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 import strata
-from test_monarch import FP32_FWD, make_mask, make_qkv, rel_err
+from conftest import rel_err
+from test_monarch import FP32_FWD, make_mask, make_qkv
 
 EPS = 1e-12  # ma_torch.py's eps
 

@@ -1,0 +1,72 @@
+"""What every Python test of strata shares: the normwise error, random q / k / v, outputs and
+gradients by autograd, and the acceptance rule against PyTorch (as fixtures and as plain functions:
+``from conftest import rel_err`` in a test module, or the ``rel_err`` fixture).
+
+Run: STRATA_LIB=<build>/torch/libstrata_torch.so PYTHONPATH=python python -m pytest -q tests/python
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor, floor: float = 1e-30) -> float:
+    """max |got - want| / max(max |want|, floor) in float64; a NaN on either side is an infinite
+    error (a test that expects NaN compares isnan itself)."""
+    got, want = got.double(), want.double()
+    if got.numel() == 0:
+        return 0.0
+    if torch.isnan(got).any() or torch.isnan(want).any():
+        return math.inf
+    return ((got - want).abs().max() / want.abs().max().clamp_min(floor)).item()
+
+
+def rand_qkv(b, nq, nk, hq, hkv, d, dv, dtype, layout="bshd", seed=0):
+    """Random normal q, k, v (drawn in float64, then rounded to dtype) in the given layout (BSHD
+    shapes, dims 1 and 2 swapped for "bhsd")."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, nq, hq, d), (b, nk, hkv, d), (b, nk, hkv, dv)]
+    ts = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
+    return [t.transpose(1, 2).contiguous() if layout == "bhsd" else t for t in ts]
+
+
+def out_and_grads(fn, q, k, v, g):
+    """[out, dq, dk, dv] of loss = sum(fn(q, k, v) * g), from detached copies of q, k, v."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, g.to(out.dtype))
+    return [out.detach(), *grads]
+
+
+def assert_as_close_as_torch(got, want, torch_same_precision, floor, grad_floor=None, what=""):
+    """The acceptance rule (FlashAttention's), for each of [out, dq, dk, dv]: strata's error
+    against the float64 truth is at most twice PyTorch's own error for the same computation in
+    the same precision, plus `floor` (`grad_floor` for the gradients, whose errors are divided by
+    max(max |want|, 1e-2): rows with one allowed key have exactly zero dq / dk, and round-off
+    must not be divided by ~0)."""
+    for i, (a, w, t) in enumerate(zip(got, want, torch_same_precision)):
+        den_floor = 1e-30 if i == 0 or grad_floor is None else 1e-2
+        err, err_torch = rel_err(a, w, den_floor), rel_err(t, w, den_floor)
+        assert math.isfinite(err_torch), f"{what} tensor {i}: PyTorch's own result is not finite"
+        bound = 2 * err_torch + (floor if i == 0 or grad_floor is None else max(floor, grad_floor))
+        assert err <= bound, f"{what} tensor {i} (0 = out, 1..3 = dq, dk, dv): {err:.3g} vs torch {err_torch:.3g}"
+
+
+def assert_raises_naming(exc: type, fn, message: str) -> None:
+    """fn() raises exc whose message contains `message` (the argument's name, what was expected)."""
+    with pytest.raises(exc) as info:
+        fn()
+    assert message in str(info.value)
+
+
+@pytest.fixture(name="rel_err")
+def rel_err_fixture():
+    return rel_err
+
+
+@pytest.fixture(name="out_and_grads")
+def out_and_grads_fixture():
+    return out_and_grads
