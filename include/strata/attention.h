@@ -76,7 +76,7 @@ struct AttentionOptions {
 // bias broadcastable to [batch, heads_q, seq_q, seq_k] of float32 or q's dtype.
 void validate(const char* where, const AttentionOptions& opt, const AttnDims& d);
 
-// FLOPs of one call under the project's convention (FlashAttention's; shared/design performance):
+// FLOPs of one call under the project's convention (FlashAttention's; docs/methods.md):
 // forward 2 * batch * heads_q * seqlen_q * seqlen_k * (head_dim + head_dim_v) (QK^T and P V),
 // halved when causal (masks other than causal are not discounted); backward kBackwardFlops times
 // the forward.

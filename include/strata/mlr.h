@@ -128,7 +128,7 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& dq, const TensorView& dk, const TensorView& dv,
                             const MlrOptions& opt);
 
-// FLOPs of one forward under performance.md's convention, counted exactly over allowed pairs.
+// FLOPs of one forward under the project's convention (docs/methods.md), counted exactly over allowed pairs.
 //   scores = 2 * B * Hq * sum over allowed pairs of the shared-prefix length R_m
 //   total  = scores + 2 * B * Hq * pairs * head_dim_v
 //   dense_scores / dense_total: the same for dense attention (R = head_dim) with the same mask

@@ -5,7 +5,7 @@
 //   A[(l,j),(k,i)] = L_j[l,k] * R_k[j,i]      query token l*B+j, key token k*B+i
 //
 // found by T steps of alternating maximisation of the variational form of softmax,
-// f(A) = <A, scale * Q K^T> + H(A) over row-stochastic A (design: shared/design/monarch-attention.md).
+// f(A) = <A, scale * Q K^T> + H(A) over row-stochastic A (docs/methods.md).
 // Never builds an N x N buffer. Per (batch, query head), with B the block size, M = ceil(N/B)
 // blocks, tokens zero-padded to M*B, sc = scale:
 //

@@ -1,6 +1,6 @@
 // tests/cpp/core_nonfinite_test.cpp: non-finite inputs, rows with no key and the finite-input bound,
 // for the MLR and Monarch kernels (and the dense one for the bound), forward and backward, under
-// every ISA this CPU runs (issue 9 items 11 and 14; contracts in include/strata/{attention,mlr,
+// every ISA this CPU runs (contracts in include/strata/{attention,mlr,
 // monarch}.h).
 //   Propagation (attention.h's rule): a NaN or Inf reaches every output whose formula reads it
 //   (IEEE, no error); one in a query reaches no other query's o, lse or dq; none reaches another

@@ -1,5 +1,5 @@
 // tests/cpp/data_minilm_test.cpp: the encoder's model-directory lookup (data/minilm.h) with a
-// STRATA_HOME that a shell would interpret (issue 9 item 7: the lookup used to popen() a command
+// STRATA_HOME that a shell would interpret (the lookup used to popen() a command
 // built from the path, so STRATA_HOME="/tmp/x'; touch PWNED; '" ran `touch PWNED`).
 #include <ftw.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // tests/cpp/encoder_bert_test.cpp: the BERT encoder (models/bert_encoder.h) end to end on
 // all-MiniLM-L6-v2: sentence embeddings against the Python reference (sentence-transformers,
 // tests/cpp/encoder_reference_data.cpp), padding invariance, the pluggable attention, input
-// checks, and the STS-B test Spearman that validates the whole stack (experiments.md section 4).
+// checks, and the STS-B test Spearman that validates the whole stack (docs/methods.md).
 // Tests that need the model skip when scripts/setup_encoder.sh has not installed it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

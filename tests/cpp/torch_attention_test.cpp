@@ -288,7 +288,7 @@ TEST(TorchAttention, ErrorsNameTheArgument) {
   st::AttentionArgs a;
   EXPECT_NE(message([&] { st::view_of(at::randn({2}, at::kMeta), "q"); }).find("argument 'q': expected a CPU tensor"),
             std::string::npos);
-  // The dtypes the function accepts, not every dtype a view can hold (issue 9 item 10).
+  // The dtypes the function accepts, not every dtype a view can hold.
   EXPECT_NE(message([&] { st::attention_forward(q.to(at::kInt), k, v, a); })
                 .find("attention_forward: argument 'q': expected dtype float32 or bfloat16, got int32"),
             std::string::npos);
@@ -386,7 +386,7 @@ TEST(TorchAttention, OpsCallableThroughDispatcher) {
   }
 }
 
-// The kernels alone are not differentiable (issue 9 item 9): through the dispatcher (as from
+// The kernels alone are not differentiable: through the dispatcher (as from
 // Python) their outputs do not require grad even when the inputs do, rather than requiring grad
 // and leaving the inputs without a gradient at backward. The C++ functions behave the same.
 TEST(TorchAttention, ForwardAndBackwardOpsAreNotDifferentiable) {

@@ -142,7 +142,7 @@ def test_bad_argument_raises_naming_it(name):
     assert f"argument '{arg}'" in str(info.value), str(info.value)
 
 
-# The exact dtype lists: the op's own (issue 9 item 10: "float32, bfloat16, float64, uint8 or bool"
+# The exact dtype lists: the op's own (not every dtype a view can hold: "float32, bfloat16, float64, uint8 or bool"
 # for q and "float32 or float32" for a float64 bias named dtypes the op does not accept).
 DTYPE_MESSAGES = {
     "attention_forward_q_int": "attention_forward: argument 'q': expected dtype float32 or bfloat16, got int32",

@@ -1,4 +1,4 @@
-"""Fork after strata has run an op (issue 9 item 6): torch DataLoader(num_workers > 0) and
+"""Fork after strata has run an op: torch DataLoader(num_workers > 0) and
 multiprocessing's default 'fork' start on Linux. The child inherits strata's thread pool object but
 not its worker threads; before the fix its first op (and its exit, which joins the workers) hung.
 

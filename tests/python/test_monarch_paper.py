@@ -1,4 +1,4 @@
-"""MonarchAttention's reference mode against the authors' published PyTorch algorithm (issue 9 item 15).
+"""MonarchAttention's reference mode against the authors' published PyTorch algorithm.
 
 Run: STRATA_LIB=<build>/torch/libstrata_torch.so PYTHONPATH=python python -m pytest -q tests/python/test_monarch_paper.py
 
@@ -24,7 +24,7 @@ Tolerances: strata's float64 path (the C++ double reference) is the same arithme
 order: 1e-13 normwise (measured below 1e-15). The fp32 kernel: 2e-5 (test_monarch.py's FP32_FWD;
 measured below 6e-7). Either would catch a misplaced eps: on the "far" cases below the eps terms
 change the output by 2e-2 (no mask) to 1 (with masks), see test_cases_exercise_the_reference_quirks.
-Result (issue 9 item 15): reference mode and the published algorithm agree on every case; nothing
+Result: reference mode and the published algorithm agree on every case; nothing
 in strata had to change.
 """
 

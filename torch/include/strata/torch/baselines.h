@@ -1,5 +1,5 @@
 // strata/torch/baselines.h: the low-rank baselines MonarchAttention is compared with (design:
-// shared/design/monarch-attention.md section 5; ref: experiments/common/baselines.py), written with
+// docs/methods.md; ref: experiments/common/baselines.py), written with
 // ATen ops, so torch's autograd differentiates them (any order) and every dtype ATen has works
 // (float64 for gradcheck). Not kernels: they run at ATen speed.
 //
