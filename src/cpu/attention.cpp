@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cpu/attention_params.h"
-#include "cpu/views.h"  // strided
+#include "cpu/views.h"  // fill_io, fill_grads
 #include "strata/cpu.h"
 #include "strata/threading.h"
 
@@ -18,7 +18,6 @@ namespace strata {
 namespace {
 
 using cpu::DenseAttnParams;
-using cpu::strided;
 
 }  // namespace
 
@@ -68,22 +67,7 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   validate(where, opt, d);
 
   DenseAttnParams p;
-  p.dtype = d.dtype;
-  p.batch = d.batch;
-  p.seqlen_q = d.seqlen_q;
-  p.seqlen_k = d.seqlen_k;
-  p.heads_q = d.heads_q;
-  p.heads_kv = d.heads_kv;
-  p.head_dim = d.head_dim;
-  p.head_dim_v = d.head_dim_v;
-  p.q = strided(q, L);
-  p.k = strided(k, L);
-  p.v = strided(v, L);
-  p.o = strided(o, L);
-  p.lse = static_cast<float*>(lse.data);
-  p.lse_sb = lse.stride[0];
-  p.lse_sh = lse.stride[1];
-  p.lse_ss = lse.stride[2];
+  cpu::fill_io(p, d, q, k, v, o, lse, L);
   p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(d.head_dim))) : opt.scale;
   p.causal = opt.causal;
   p.window_left = opt.window_left;
@@ -174,10 +158,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   DenseAttnParams p = make_params(where, q, k, v, o, lse, opt);
   const Layout L = opt.layout;
   check_grads(where, dout, dq, dk, dv, L, check_qkv(where, q, k, v, L, kKernelDTypes));
-  p.dout = strided(dout, L);
-  p.dq = strided(dq, L);
-  p.dk = strided(dk, L);
-  p.dv = strided(dv, L);
+  cpu::fill_grads(p, dout, dq, dk, dv, L);
   const int64_t k0 = first_reachable_key(p);
   zero_leading_positions(dk, L, k0);  // keys no query reaches get no gradient
   zero_leading_positions(dv, L, k0);

@@ -1,4 +1,5 @@
-// src/cpu/attention_params.h: the POD parameter struct of the dense attention kernels.
+// src/cpu/attention_params.h: the POD parameter structs of the attention kernels: AttnIO (what
+// every attention kernel reads and writes; MlrParams extends it too) and DenseAttnParams.
 // Filled by src/cpu/attention.cpp after validation; read by every ISA variant of the kernel.
 // All strides are in elements, in the logical order (batch, seq, head, dim).
 #pragma once
@@ -14,13 +15,20 @@ struct Strided4 {
   int64_t sb = 0, ss = 0, sh = 0, sd = 0;  // batch, seq, head, dim strides
 };
 
-struct DenseAttnParams {
+// What every attention kernel reads and writes: the sizes, q, k, v and o, the lse, and in a backward
+// the gradients. Filled from checked views by fill_io / fill_grads (src/cpu/views.h).
+struct AttnIO {
   DType dtype = DType::f32;  // of q, k, v, o, dout, dq, dk, dv
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
   int64_t head_dim = 0, head_dim_v = 0;
   Strided4 q, k, v, o;                   // q: B x Nq x Hq x D, k: B x Nk x Hkv x D, v/o: .. x Dv
   float* lse = nullptr;                  // B x Hq x Nq (natural log)
   int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  // backward only
+  Strided4 dout, dq, dk, dv;
+};
+
+struct DenseAttnParams : AttnIO {
   float scale = 1.f;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;  // -1 = unbounded
@@ -30,11 +38,8 @@ struct DenseAttnParams {
   const void* bias = nullptr;                   // broadcast B x Hq x Nq x Nk
   DType bias_dtype = DType::f32;
   int64_t bias_sb = 0, bias_sh = 0, bias_sq = 0, bias_sk = 0;
-  // backward only
-  Strided4 dout, dq, dk, dv;
 };
 
-// Per-ISA entry points (src/cpu/attention_{avx512,avx2,scalar}.cpp).
 // The family's entry points, one table per ISA (src/cpu/kernels/attention.inc defines it; dispatch:
 // src/core/dispatch.h).
 struct DenseKernels {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cpu/mlr_params.h"
-#include "cpu/views.h"  // strided
+#include "cpu/views.h"  // fill_io, fill_grads
 #include "strata/attention.h"  // the dense shortcut of L = 1
 #include "strata/cpu.h"
 
@@ -16,7 +16,6 @@ namespace {
 
 using cpu::MlrLevels;
 using cpu::MlrParams;
-using cpu::strided;
 
 std::string indexed(const char* name, int i) { return detail::cat(name, "[", i, "]"); }
 
@@ -31,22 +30,7 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
 
   MlrParams p;
   p.lv = cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);
-  p.dtype = d.dtype;
-  p.batch = d.batch;
-  p.seqlen_q = d.seqlen_q;
-  p.seqlen_k = d.seqlen_k;
-  p.heads_q = d.heads_q;
-  p.heads_kv = d.heads_kv;
-  p.head_dim = d.head_dim;
-  p.head_dim_v = d.head_dim_v;
-  p.q = strided(q, L);
-  p.k = strided(k, L);
-  p.v = strided(v, L);
-  p.o = strided(o, L);
-  p.lse = static_cast<float*>(lse.data);
-  p.lse_sb = lse.stride[0];
-  p.lse_sh = lse.stride[1];
-  p.lse_ss = lse.stride[2];
+  cpu::fill_io(p, d, q, k, v, o, lse, L);
   for (int l = 0; l < opt.num_levels; ++l) p.level_scale[l] = float(mlr_level_scale(opt, l, d.head_dim));
   p.level_average = opt.level_average;
   p.mask_cross_segment = opt.mask_cross_segment;
@@ -214,10 +198,7 @@ void backward(const TensorView& q, const TensorView& k, const TensorView& v, con
   MlrParams p = make_params(where, q, k, v, o, lse, opt);
   const Layout L = opt.layout;
   check_grads(where, dout, dq, dk, dv, L, check_qkv(where, q, k, v, L, kKernelDTypes));
-  p.dout = strided(dout, L);
-  p.dq = strided(dq, L);
-  p.dk = strided(dk, L);
-  p.dv = strided(dv, L);
+  cpu::fill_grads(p, dout, dq, dk, dv, L);
   if (shortcut && is_dense(p)) return attention_backward(q, k, v, o, lse, dout, dq, dk, dv, dense_options(p, opt));
   run_backward(p);
 }

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "core/dispatch.h"
-#include "cpu/attention_params.h"  // Strided4
+#include "cpu/attention_params.h"  // AttnIO, Strided4
 #include "strata/mlr.h"
 #include "strata/tensor.h"
 
@@ -78,20 +78,12 @@ struct MlrLevels {
   }
 };
 
-struct MlrParams {
-  DType dtype = DType::f32;  // of q, k, v, o, dout, dq, dk, dv
-  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
-  int64_t head_dim = 0, head_dim_v = 0;
-  Strided4 q, k, v, o;       // q: B x Nq x Hq x D, k: B x Nk x Hkv x D, v/o: .. x Dv
-  float* lse = nullptr;      // B x Hq x Nq (natural log)
-  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+struct MlrParams : AttnIO {
   MlrLevels lv;
   float level_scale[kMlrMaxLevels] = {};  // c_l, times 1/L if divide_by_num_levels
   bool level_average = false;
   bool mask_cross_segment = false;
   bool causal = true;
-  // backward only
-  Strided4 dout, dq, dk, dv;
 };
 
 // Validates the level options of `opt` (num_levels, ranks, block_sizes, context, segment_starts)
