@@ -90,6 +90,21 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   return p;
 }
 
+// Calls f(idx) for every index (b, i1, i2, d) of a 4-D view, parallel over the first two dims.
+template <class F>
+void for_each_index(const TensorView& t, const F& f) {
+  const int64_t n1 = t.shape[1], n2 = t.shape[2], n3 = t.shape[3];
+  parallel_for(t.shape[0] * n1, 1, [&](int64_t begin, int64_t end, int) {
+    int64_t idx[4];
+    for (int64_t r = begin; r < end; ++r) {
+      idx[0] = r / n1;
+      idx[1] = r % n1;
+      for (idx[2] = 0; idx[2] < n2; ++idx[2])
+        for (idx[3] = 0; idx[3] < n3; ++idx[3]) f(idx);
+    }
+  });
+}
+
 // ---- Keys no query can reach -----------------------------------------------------------------
 // With a left window bound and no global tokens every query row's keys lie in the suffix
 // [k0, seqlen_k): the last row sits at position seqlen_k - 1 and row i's window starts at
@@ -126,16 +141,7 @@ void zero_leading_positions(const TensorView& t, Layout l, int64_t n) {
   if (n == 0) return;
   TensorView s = t;
   s.shape[cpu::kSeqDim[int(l)]] = n;
-  const int64_t n0 = s.shape[0], n1 = s.shape[1], n2 = s.shape[2], n3 = s.shape[3];
-  parallel_for(n0 * n1, 1, [&](int64_t begin, int64_t end, int) {
-    int64_t idx[4];
-    for (int64_t r = begin; r < end; ++r) {
-      idx[0] = r / n1;
-      idx[1] = r % n1;
-      for (idx[2] = 0; idx[2] < n2; ++idx[2])
-        for (idx[3] = 0; idx[3] < n3; ++idx[3]) s.set(idx, 0.f);
-    }
-  });
+  for_each_index(s, [&](const int64_t* idx) { s.set(idx, 0.f); });
 }
 
 void run_forward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).forward(p); }
@@ -187,16 +193,7 @@ TensorView dim_slice(const TensorView& t, int64_t d0, int64_t n) {
 
 // dst = a + b elementwise over 4-D views of one dtype (f32 or bf16); fp32 arithmetic.
 void add_4d(const TensorView& dst, const TensorView& a, const TensorView& b) {
-  const int64_t n0 = dst.shape[0], n1 = dst.shape[1], n2 = dst.shape[2], n3 = dst.shape[3];
-  parallel_for(n0 * n1, 1, [&](int64_t begin, int64_t end, int) {
-    int64_t idx[4];
-    for (int64_t r = begin; r < end; ++r) {
-      idx[0] = r / n1;
-      idx[1] = r % n1;
-      for (idx[2] = 0; idx[2] < n2; ++idx[2])
-        for (idx[3] = 0; idx[3] < n3; ++idx[3]) dst.set(idx, float(a.get(idx)) + float(b.get(idx)));
-    }
-  });
+  for_each_index(dst, [&](const int64_t* idx) { dst.set(idx, float(a.get(idx)) + float(b.get(idx))); });
 }
 
 struct GswaBranches {
