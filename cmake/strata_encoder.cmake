@@ -1,7 +1,7 @@
 # The pretrained-encoder stack of experiments.md section 4 (included from the top-level
 # CMakeLists.txt after torch/):
 #   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
-#                   and Spearman, model-directory lookup                       (data/)
+#                   and Spearman, model-directory and shared-data lookup       (data/)
 #   strata_models   LibTorch: the BERT encoder with pluggable attention, and the attention
 #                   zoo it converts to (softmax / Monarch / Nystrom / Performer)  (models/)
 #   strata_encoder_tests  GoogleTest, ctest -L encoder. Without strata_torch (a torch-free
@@ -16,6 +16,7 @@ add_library(strata_data STATIC
   ${PROJECT_SOURCE_DIR}/data/minilm.cpp
   ${PROJECT_SOURCE_DIR}/data/safetensors.cpp
   ${PROJECT_SOURCE_DIR}/data/sha256.cpp
+  ${PROJECT_SOURCE_DIR}/data/shared_files.cpp
   ${PROJECT_SOURCE_DIR}/data/sts.cpp
   ${PROJECT_SOURCE_DIR}/data/wordpiece.cpp
 )
@@ -23,6 +24,8 @@ add_library(strata_data STATIC
 target_include_directories(strata_data PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(strata_data PRIVATE ${STRATA_WARNINGS})
 target_link_libraries(strata_data PUBLIC strata_core nlohmann_json::nlohmann_json PkgConfig::UTF8PROC)
+# find_shared_file (data/shared_files.h) looks for shared/ in or beside the source tree.
+target_compile_definitions(strata_data PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 
 set(STRATA_ENCODER_TEST_SOURCES
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_minilm_test.cpp
@@ -48,7 +51,5 @@ endif()
 
 add_executable(strata_encoder_tests ${STRATA_ENCODER_TEST_SOURCES})
 target_compile_options(strata_encoder_tests PRIVATE ${STRATA_WARNINGS})
-# Tests look for shared/ (STS-B) in or beside the source tree, or at $STRATA_SHARED_DIR.
-target_compile_definitions(strata_encoder_tests PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 target_link_libraries(strata_encoder_tests PRIVATE ${STRATA_ENCODER_TEST_LIBS} GTest::gtest GTest::gtest_main)
 gtest_discover_tests(strata_encoder_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS encoder)

@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "data/minilm.h"
+#include "data/shared_files.h"
 #include "data/sts.h"
 #include "files.h"
 #include "models/attention_zoo.h"
@@ -161,9 +162,9 @@ ConvertSummary run_conversion(const ConvertConfig& cfg) {
   const std::string model_dir = data::find_minilm_dir(&why);
   STRATA_CHECK(!model_dir.empty(), where, ": the pretrained encoder is missing: ", why);
   std::string tried;
-  const std::string sts_path = find_shared_file("data/sts/sts-test.csv", &tried);
+  const std::string sts_path = data::find_shared_file("data/sts/sts-test.csv", &tried);
   STRATA_CHECK(!sts_path.empty(), where, ": STS-B test not found (tried ", tried, "; set STRATA_SHARED_DIR)");
-  const std::string text_path = find_shared_file("data/text/tinyshakespeare.txt", &tried);
+  const std::string text_path = data::find_shared_file("data/text/tinyshakespeare.txt", &tried);
   STRATA_CHECK(!text_path.empty(), where, ": tinyshakespeare.txt not found (tried ", tried,
                "; set STRATA_SHARED_DIR)");
 
