@@ -6,7 +6,9 @@
 #include <set>
 #include <utility>
 
+#include "strata/attention.h"
 #include "strata/error.h"
+#include "strata/monarch.h"
 #include "strata/torch/attention.h"
 #include "strata/torch/baselines.h"
 #include "strata/torch/monarch.h"
@@ -191,12 +193,20 @@ double attention_flops(const AttentionSpec& spec, int64_t seqlen, int64_t heads,
   STRATA_CHECK_ARG(seqlen >= 0, where, "seqlen", ">= 0", seqlen);
   STRATA_CHECK_ARG(heads >= 0, where, "heads", ">= 0", heads);
   STRATA_CHECK_ARG(head_dim >= 1, where, "head_dim", ">= 1", head_dim);
+  AttnDims d;  // one sequence, self-attention, D = Dv
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = seqlen;
+  d.heads_q = d.heads_kv = heads;
+  d.head_dim = d.head_dim_v = head_dim;
   const double h = double(heads);
   switch (spec.kind) {
-    case AttentionKind::softmax: return h * strata::torch::softmax_attention_flops(seqlen, head_dim);
-    case AttentionKind::monarch:
-      return strata::torch::monarch_attention_flops(seqlen, heads, head_dim, head_dim, spec.num_steps,
-                                                    spec.block_size);
+    case AttentionKind::softmax: return strata::attention_flops(d, /*causal=*/false).forward;
+    case AttentionKind::monarch: {
+      MonarchOptions o;
+      o.num_steps = spec.num_steps;
+      o.block_size = spec.block_size;
+      return strata::monarch_attention_flops(d, o);
+    }
     case AttentionKind::nystrom:
       return h * strata::torch::nystrom_attention_flops(seqlen, head_dim, head_dim, spec.num_landmarks,
                                                         spec.pinv_iters);

@@ -66,8 +66,8 @@ AttentionFn make_attention(const AttentionSpec& spec);
 
 // Attention FLOPs of one sequence of `seqlen` tokens through one layer, all heads
 // (q, k, v head dims = head_dim):
-//   softmax    heads * 4 N^2 D
-//   monarch    strata::torch::monarch_attention_flops(N, heads, D, D, T, B)
+//   softmax    strata::attention_flops (non-causal forward) = heads * 4 N^2 D
+//   monarch    strata::monarch_attention_flops (T, B; over the padded length M*B)
 //   nystrom    heads * strata::torch::nystrom_attention_flops(N, D, D, landmarks, iters)
 //   performer  heads * strata::torch::performer_attention_flops(N, D, D, features)
 double attention_flops(const AttentionSpec& spec, int64_t seqlen, int64_t heads, int64_t head_dim);

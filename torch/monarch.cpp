@@ -242,19 +242,23 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B) {
   const char* where = "monarch_attention_flops";
+  // The arguments under Python's names first; the count is the core's.
   STRATA_CHECK_ARG(N >= 0, where, "N", ">= 0", N);
   STRATA_CHECK_ARG(heads >= 0, where, "heads", ">= 0", heads);
   STRATA_CHECK_ARG(D >= 0, where, "D", ">= 0", D);
   STRATA_CHECK_ARG(Dv >= 0, where, "Dv", ">= 0", Dv);
   STRATA_CHECK_ARG(T >= 1, where, "T", ">= 1", T);
   STRATA_CHECK_ARG(B >= 0, where, "B", ">= 1, or 0 for floor(sqrt(N))", B);
-  if (N == 0) return 0.0;
+  AttnDims d;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = N;
+  d.heads_q = d.heads_kv = heads;
+  d.head_dim = D;
+  d.head_dim_v = Dv;
   MonarchOptions o;
+  o.num_steps = T;
   o.block_size = B;
-  const MonarchGeometry g = monarch_geometry(N, o);
-  const double b = double(g.block_size), m = double(g.num_blocks), p = double(g.padded_len);
-  const double macs = p * (double(D) * (double(T - 1) * (2 * b + 2 * m) + 2 * b + m) + double(Dv) * (b + m));
-  return 2.0 * macs * double(heads);
+  return ::strata::monarch_attention_flops(d, o);
 }
 
 }  // namespace strata::torch

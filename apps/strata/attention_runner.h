@@ -30,10 +30,6 @@ struct AttnCase {
 // "fwd", "fwd causal", "fwd+bwd", "fwd+bwd causal".
 std::string attention_case_name(const AttnCase& c);
 
-// FLOPs by the performance.md convention: 4*B*H*N*N*D forward (halved when causal), x3.5 with
-// the backward.
-double attention_flops(const AttnCase& c);
-
 // Tolerance on the normwise relative error: 1e-4 for float32, 2e-2 for bfloat16.
 double attention_tolerance(at::ScalarType dtype);
 

@@ -254,6 +254,7 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   dense_args.layout = "bhsd";
 
   const MlrFlops f = mlr_attention_flops(1, heads, T, T, kHeadDim, opt);
+  // Backward: 3x the score part + 2x the P V part (the core's MlrFlops counts the forward only).
   const auto bwd_flops = [](double scores, double total) { return 3 * scores + 2 * (total - scores); };
   Row0 r0;
   r0.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};

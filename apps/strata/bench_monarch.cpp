@@ -17,9 +17,13 @@
 // N <= 4096 (backward: N <= 2048), vs strata::reference (double, materialises N x N) on head 0.
 // fp32 tolerance 1e-4 on max|diff| / max|ref|. Informational: ours vs exact softmax attention
 // (SDPA) in max_rel_err of every row (and "rel_err_vs_exact_softmax").
-// FLOPs: the paper's count, 2 x N*D*[T*(2B + 2M) + B] MACs per (batch, head) forward; dense
-// 4*N^2*D; backward 2.5x forward for both (performance.md's convention). ideal_mac_ratio =
-// dense / Monarch MACs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
+// FLOPs: the core's counts (strata/monarch.h, strata/attention.h). Monarch forward:
+// strata::monarch_attention_flops, 2 x P*D*[T*(2B + 2M) + B] MACs per (batch, head) for D = Dv,
+// over the PADDED length P = M*B: the paper's N*D*[...] where B divides N (N = 256, 1024, 4096,
+// 16384) and up to (P - N) / N more where it does not (N = 2048: P = 2070; N = 8192: P = 8280),
+// because the kernel computes the padded blocks too. Dense: strata::attention_flops, 4*N^2*D.
+// Backward 2.5x forward for both (performance.md's convention). ideal_mac_ratio = dense / Monarch
+// FLOPs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/core.h>
@@ -60,11 +64,6 @@ at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
   return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
 }
 
-double monarch_flops(int64_t heads, int64_t N, int64_t steps, const MonarchGeometry& g) {
-  return 2.0 * double(heads) * double(N) * double(kHeadDim) *
-         double(steps * (2 * g.block_size + 2 * g.num_blocks) + g.block_size);
-}
-
 // One N: the forward group and the backward group (see the file comment).
 void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
            const TimingPlan& plan) {
@@ -80,7 +79,12 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
     opts[s].layout = Layout::BHSD;
   }
   const MonarchGeometry g = monarch_geometry(N, opts[0]);
-  const double dense_fwd = 4.0 * double(heads) * double(N) * double(N) * double(kHeadDim);
+  AttnDims dims;  // of every call: batch 1, self-attention, D = Dv
+  dims.batch = 1;
+  dims.seqlen_q = dims.seqlen_k = N;
+  dims.heads_q = dims.heads_kv = heads;
+  dims.head_dim = dims.head_dim_v = kHeadDim;
+  const AttentionFlops dense = attention_flops(dims, /*causal=*/false);
 
   // Checks of ours (per T) on the outputs of its last timed call. `ours_out` = o or (dq, dk, dv).
   const auto check = [&](size_t s, const std::vector<at::Tensor>& ours_out, bool backward, double* err,
@@ -198,9 +202,10 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
     const char* peers[] = {"strata.flash", "torch.sdpa"};
     for (size_t s = 0; s < S; ++s) {
       const int64_t T = steps_list[s];
-      const double mult = backward ? 2.5 : 1.0;
-      const double flops = mult * monarch_flops(heads, N, T, g);
-      const double ideal = dense_fwd / monarch_flops(heads, N, T, g);
+      const double fwd = monarch_attention_flops(dims, opts[s]);
+      const double mult = backward ? AttentionFlops::kBackwardFlops : 1.0;  // the dense convention, for both
+      const double flops = mult * fwd;
+      const double ideal = dense.forward / fwd;
       for (size_t p = 0; p < 2; ++p) {
         BenchRow row;
         row.case_name = backward ? "bwd" : "fwd";
@@ -215,9 +220,10 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
         row.correct = err[s] < kTolerance;
         row.max_rel_err = exact_err[s];  // the peer computes exact softmax attention
         row.flops = flops;
-        row.peer_flops = mult * dense_fwd;
+        row.peer_flops = backward ? dense.backward : dense.forward;
         set_row_times(row, secs[s], secs[S + p]);
         row.extra = {{"block_size", g.block_size},          {"num_blocks", g.num_blocks},
+                     {"padded_len", g.padded_len},  // the length the FLOPs count (see the file comment)
                      {"ideal_mac_ratio", ideal},            {"fraction_of_ideal", row.speedup.median / ideal},
                      {"rel_err_vs_exact_softmax", exact_err[s]}};
         rep.rows.push_back(std::move(row));
@@ -270,7 +276,7 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
   const TimingPlan plan = bench_timing_plan(o.reps, o.quick, o.smoke, kGroupBudgetS);
   fmt::print("N: {}; T: {}; ours = strata.monarch (stable mode, layout bhsd, fp32), {} heads, D = {}, "
              "B = floor(sqrt(N)); peers: strata.flash and torch.sdpa (exact, non-causal); {} timed rounds per "
-             "group (ABBA order)\n",
+             "group (ABBA order); Monarch FLOPs over the padded length M*B\n",
              fmt::join(sel, ", "), fmt::join(steps, ", "), o.heads, kHeadDim, plan.reps);
   print_peer_table_header();
   for (int64_t n : sel) {

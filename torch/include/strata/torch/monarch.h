@@ -67,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_monarch_attention_backw
 // al, y = R v, L logits, O = L y). For Dv = D this is the design page's P*D*[T(2B+2M) + B], which
 // ref's plots use with P = M*B (ViT-B/16, N = 197, B = 14, T = 1, 12 heads x 12 layers:
 // 1.39e8 MACs there, 2.79e8 FLOPs here). N = 0 gives 0. Throws strata::Error for negative sizes,
-// T < 1 or B < 0.
+// T < 1 or B < 0. The count is the core's (strata::monarch_attention_flops, strata/monarch.h).
 double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B);
 
 }  // namespace strata::torch
