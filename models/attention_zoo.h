@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/bert_encoder.h"
+#include "strata/monarch.h"
 
 namespace strata::models {
 
@@ -34,8 +35,8 @@ struct AttentionSpec {
   // monarch
   int64_t num_steps = 1;         // T
   int64_t block_size = 0;        // B; 0 = floor(sqrt(seq)) per call
-  std::string pad = "post";      // "post" | "pre"
-  std::string mode = "stable";   // "stable" | "reference"
+  MonarchPad pad = MonarchPad::post;       // spec "post" | "pre"
+  MonarchMode mode = MonarchMode::stable;  // spec "stable" | "reference"
   // nystrom
   int64_t num_landmarks = 16;
   int64_t pinv_iters = 6;
@@ -49,7 +50,8 @@ struct AttentionSpec {
 // "softmax" | "monarch" | "nystrom" | "performer".
 const char* kind_name(AttentionKind kind);
 
-// Parses a spec string (grammar above). Throws strata::Error naming the bad part, e.g.
+// Parses a spec string (grammar above), the one parse of a spec: pad and mode become the core's
+// enums here. Throws strata::Error naming the bad part, e.g.
 //   attention spec "monarch:T=0": key 'T': expected an integer >= 1, got "0"
 //   attention spec "nystrom:B=4": unknown key 'B' for nystrom (expected one of: landmarks, iters)
 AttentionSpec parse_attention_spec(const std::string& spec);

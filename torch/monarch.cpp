@@ -22,18 +22,6 @@ using binding::dims;
 using binding::dims_str;
 using binding::torch_dtype_name;
 
-MonarchPad parse_pad(const char* where, const std::string& s) {
-  if (s == "post") return MonarchPad::post;
-  if (s == "pre") return MonarchPad::pre;
-  throw_arg(where, "pad", "\"post\" or \"pre\"", cat("\"", s, "\""));
-}
-
-MonarchMode parse_mode(const char* where, const std::string& s) {
-  if (s == "stable") return MonarchMode::stable;
-  if (s == "reference") return MonarchMode::reference;
-  throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
-}
-
 constexpr int64_t kMaxSteps = 1024;  // num_steps bound (see make_options)
 
 // Converts the user-facing arguments to core options (the mask as a view, no copy).
@@ -41,8 +29,8 @@ MonarchOptions make_options(const char* where, const MonarchArgs& a) {
   MonarchOptions o;
   o.num_steps = a.num_steps;
   o.block_size = a.block_size;
-  o.pad = parse_pad(where, a.pad);
-  o.mode = parse_mode(where, a.mode);
+  o.pad = a.pad;  // checked by the core's validate
+  o.mode = a.mode;
   o.layout = binding::parse_layout(where, a.layout);
   // A bound, so that a typo (2**40) is an error rather than a run that never ends: the paper's
   // results use 1-3 steps, and each step costs about one pass of block attention.
@@ -177,8 +165,8 @@ using ::torch::autograd::variable_list;
 void save_options(AutogradContext* ctx, const MonarchArgs& a) {
   ctx->saved_data["num_steps"] = a.num_steps;
   ctx->saved_data["block_size"] = a.block_size;
-  ctx->saved_data["pad"] = a.pad;
-  ctx->saved_data["mode"] = a.mode;
+  ctx->saved_data["pad"] = int64_t(a.pad);
+  ctx->saved_data["mode"] = int64_t(a.mode);
   ctx->saved_data["scale"] = a.scale.has_value() ? c10::IValue(*a.scale) : c10::IValue();
   ctx->saved_data["layout"] = a.layout;
 }
@@ -187,8 +175,8 @@ MonarchArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_mas
   MonarchArgs a;
   a.num_steps = ctx->saved_data.at("num_steps").toInt();
   a.block_size = ctx->saved_data.at("block_size").toInt();
-  a.pad = ctx->saved_data.at("pad").toStringRef();
-  a.mode = ctx->saved_data.at("mode").toStringRef();
+  a.pad = MonarchPad(ctx->saved_data.at("pad").toInt());
+  a.mode = MonarchMode(ctx->saved_data.at("mode").toInt());
   const c10::IValue& scale = ctx->saved_data.at("scale");
   if (!scale.isNone()) a.scale = scale.toDouble();
   a.layout = ctx->saved_data.at("layout").toStringRef();
@@ -239,6 +227,22 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
     return std::get<0>(monarch_attention_forward(q, k, v, a, /*save_state=*/false));
   return MonarchFunction::apply(q, k, v, a);
 }
+
+MonarchPad parse_monarch_pad(const char* where, std::string_view s) {
+  if (s == "post") return MonarchPad::post;
+  if (s == "pre") return MonarchPad::pre;
+  throw_arg(where, "pad", "\"post\" or \"pre\"", cat("\"", s, "\""));
+}
+
+MonarchMode parse_monarch_mode(const char* where, std::string_view s) {
+  if (s == "stable") return MonarchMode::stable;
+  if (s == "reference") return MonarchMode::reference;
+  throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
+}
+
+const char* monarch_pad_name(MonarchPad pad) { return pad == MonarchPad::pre ? "pre" : "post"; }
+
+const char* monarch_mode_name(MonarchMode mode) { return mode == MonarchMode::reference ? "reference" : "stable"; }
 
 double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B) {
   const char* where = "monarch_attention_flops";

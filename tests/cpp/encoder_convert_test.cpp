@@ -35,16 +35,16 @@ TEST(AttentionSpec, ParsesTheExamples) {
   EXPECT_EQ(s.kind, AttentionKind::monarch);
   EXPECT_EQ(s.num_steps, 2);
   EXPECT_EQ(s.block_size, 8);
-  EXPECT_EQ(s.pad, "post");
-  EXPECT_EQ(s.mode, "stable");  // default
+  EXPECT_EQ(s.pad, strata::MonarchPad::post);
+  EXPECT_EQ(s.mode, strata::MonarchMode::stable);  // default
 
   s = parse_attention_spec("monarch");
   EXPECT_EQ(s.num_steps, 1);
   EXPECT_EQ(s.block_size, 0);  // floor(sqrt(N)) per call
 
   s = parse_attention_spec("monarch:mode=reference,pad=pre,B=14");
-  EXPECT_EQ(s.mode, "reference");
-  EXPECT_EQ(s.pad, "pre");
+  EXPECT_EQ(s.mode, strata::MonarchMode::reference);
+  EXPECT_EQ(s.pad, strata::MonarchPad::pre);
   EXPECT_EQ(s.block_size, 14);
 
   s = parse_attention_spec("nystrom:landmarks=16");
