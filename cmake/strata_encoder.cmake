@@ -2,8 +2,9 @@
 # CMakeLists.txt after torch/):
 #   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
 #                   and Spearman, model-directory and shared-data lookup       (data/)
-#   strata_models   LibTorch: the BERT encoder with pluggable attention, and the attention
-#                   zoo it converts to (softmax / Monarch / Nystrom / Performer)  (models/)
+#   strata_models   LibTorch: the BERT encoder with pluggable attention, the attention zoo it
+#                   converts to (softmax / Monarch / Nystrom / Performer) and the conversion
+#                   evaluation (STS-B, long passages, FLOPs)                      (models/)
 #   strata_encoder_tests  GoogleTest, ctest -L encoder. Without strata_torch (a torch-free
 #                   configuration that includes this file) it holds only the data_* tests, so the
 #                   fuzz test also runs under ASan + UBSan.
@@ -38,7 +39,8 @@ set(STRATA_ENCODER_TEST_LIBS strata_data)
 if(TARGET strata_torch)
   add_library(strata_models STATIC
     ${PROJECT_SOURCE_DIR}/models/bert_encoder.cpp
-    ${PROJECT_SOURCE_DIR}/models/attention_zoo.cpp)
+    ${PROJECT_SOURCE_DIR}/models/attention_zoo.cpp
+    ${PROJECT_SOURCE_DIR}/models/conversion.cpp)
   target_compile_options(strata_models PRIVATE ${STRATA_WARNINGS})
   target_link_libraries(strata_models PUBLIC strata_data strata_torch)
   list(APPEND STRATA_ENCODER_TEST_SOURCES
