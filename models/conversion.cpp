@@ -35,8 +35,10 @@ std::string layers_label(const std::vector<int64_t>& layers) {
 
 // Checks what needs no model or data (run before any is loaded).
 void check_config(const char* where, const ConversionConfig& cfg) {
-  STRATA_CHECK_ARG(!cfg.methods.empty() && cfg.methods[0].spec == AttentionSpec{} && cfg.methods[0].layers.empty(),
-                   where, "methods", "a list that starts with plain \"softmax\" (the baseline every row is compared to)",
+  const bool softmax_first =
+      !cfg.methods.empty() && cfg.methods[0].spec == AttentionSpec{} && cfg.methods[0].layers.empty();
+  STRATA_CHECK_ARG(softmax_first, where, "methods",
+                   "a list that starts with plain \"softmax\" (the baseline every row is compared to)",
                    cfg.methods.empty() ? std::string("an empty list") : cfg.methods[0].label());
   STRATA_CHECK_ARG(cfg.sts_pairs == 0 || cfg.sts_pairs >= 2, where, "sts_pairs", "0 (all) or >= 2 (a Spearman)",
                    cfg.sts_pairs);

@@ -37,6 +37,12 @@ double max_rel_err(const at::Tensor& a, const at::Tensor& b) {
   return den > 0 ? num / den : num;
 }
 
+at::Tensor reference_tensor(std::vector<double>& buf, at::IntArrayRef sizes) {
+  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
+}
+
+at::Tensor head0_bshd(const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); }
+
 void perturb_for_test(const at::Tensor& t) {
   STRATA_CHECK_ARG(t.dim() == 3 || t.dim() == 4, "perturb_for_test", "t", "batch x heads x seq [x dim]",
                    c10::str(t.sizes()));

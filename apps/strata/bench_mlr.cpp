@@ -97,14 +97,6 @@ MlrOptions mlr_opts(const Split& s) {
 
 TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench mlr", arg); }
 
-// A double buffer from strata::reference as a tensor (BSHD order), for max_rel_err.
-at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
-  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
-}
-
-// Head 0 of a BHSD tensor in BSHD order (1 x T x 1 x d), the order of the reference's outputs.
-at::Tensor head0(const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); }
-
 // The double reference (strata::reference::mlr_attention_*) on all of head 0, BSHD order with
 // one head: o, dq: T x d; lse: T; dk, dv: T x d. Computed in chunks of kRefChunk queries, each a
 // bottom-right-aligned problem (queries [a, a+R) against keys [0, a+R), context fixed to the full
@@ -173,11 +165,11 @@ double head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   const int64_t T = q.size(2), D = q.size(3), Dv = v.size(3);
   Head0Ref r = head0_reference(q, k, v, dout, opt, backward);
   if (!backward)
-    return std::max(max_rel_err(head0(*ours[0]), f64(r.o, {1, T, 1, Dv})),
-                    max_rel_err(ours[1]->narrow(1, 0, 1), f64(r.lse, {1, 1, T})));
-  return std::max({max_rel_err(head0(*ours[0]), f64(r.dq, {1, T, 1, D})),
-                   max_rel_err(head0(*ours[1]), f64(r.dk, {1, T, 1, D})),
-                   max_rel_err(head0(*ours[2]), f64(r.dv, {1, T, 1, Dv}))});
+    return std::max(max_rel_err(head0_bshd(*ours[0]), reference_tensor(r.o, {1, T, 1, Dv})),
+                    max_rel_err(ours[1]->narrow(1, 0, 1), reference_tensor(r.lse, {1, 1, T})));
+  return std::max({max_rel_err(head0_bshd(*ours[0]), reference_tensor(r.dq, {1, T, 1, D})),
+                   max_rel_err(head0_bshd(*ours[1]), reference_tensor(r.dk, {1, T, 1, D})),
+                   max_rel_err(head0_bshd(*ours[2]), reference_tensor(r.dv, {1, T, 1, Dv}))});
 }
 
 // One timed method of a group.
@@ -390,7 +382,7 @@ void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   const auto check = [&] {
     std::vector<double> ro(static_cast<size_t>(heads * kHeadDim)), rlse(static_cast<size_t>(heads));
     reference::mlr_attention_forward(tv(q1, "q"), tv(k, "k"), tv(v, "v"), opt, ro.data(), rlse.data());
-    err = max_rel_err(o.transpose(1, 2), f64(ro, {1, 1, heads, kHeadDim}));
+    err = max_rel_err(o.transpose(1, 2), reference_tensor(ro, {1, 1, heads, kHeadDim}));
     dense_vs_sdpa = max_rel_err(o_dense, o_sdpa);
   };
   TimingPlan steps = plan;

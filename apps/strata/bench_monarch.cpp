@@ -60,10 +60,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench monarch", arg); }
 
-at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
-  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
-}
-
 // One N: the forward group and the backward group (see the file comment).
 void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
            const TimingPlan& plan) {
@@ -105,11 +101,10 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
     if (N > (backward ? kRefBwdMaxN : kRefMaxN)) return;
     *against += " and strata::reference f64 (head 0)";
     const at::Tensor q0 = q.narrow(1, 0, 1), k0 = k.narrow(1, 0, 1), v0 = v.narrow(1, 0, 1);
-    const auto head0 = [](const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); };  // BSHD order
     if (!backward) {
       std::vector<double> ro(size_t(N * kHeadDim));
       reference::monarch_attention_forward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), opts[s], ro.data());
-      *err = std::max(*err, max_rel_err(head0(ours_out[0]), f64(ro, {1, N, 1, kHeadDim})));
+      *err = std::max(*err, max_rel_err(head0_bshd(ours_out[0]), reference_tensor(ro, {1, N, 1, kHeadDim})));
     } else {
       std::vector<double> rdq(size_t(N * kHeadDim)), rdk(rdq.size()), rdv(rdq.size());
       reference::monarch_attention_backward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"),
@@ -117,7 +112,8 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
                                             rdv.data());
       std::vector<double>* r[3] = {&rdq, &rdk, &rdv};
       for (int i = 0; i < 3; ++i)
-        *err = std::max(*err, max_rel_err(head0(ours_out[size_t(i)]), f64(*r[i], {1, N, 1, kHeadDim})));
+        *err = std::max(*err,
+                        max_rel_err(head0_bshd(ours_out[size_t(i)]), reference_tensor(*r[i], {1, N, 1, kHeadDim})));
     }
   };
 

@@ -65,7 +65,8 @@ nlohmann::ordered_json report_json(const models::ConversionReport& r, const mode
   j["sts"] = {{"file", r.sts_path}, {"pairs", r.sts_pairs_used}, {"softmax_spearman", r.softmax_spearman},
               {"softmax_attn_flops_mean", r.softmax_sts_attn_flops_mean}};
   j["long"] = {{"file", r.text_path}, {"lengths", cfg.long_lengths}, {"passages", cfg.passages}};
-  j["flops"] = "2 x the multiply-accumulates of the attention matmuls per sequence, all layers (models/attention_zoo.h)";
+  j["flops"] =
+      "2 x the multiply-accumulates of the attention matmuls per sequence, all layers (models/attention_zoo.h)";
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const auto& row : r.rows) rows.push_back(row_json(row));
   j["rows"] = rows;
