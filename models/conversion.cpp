@@ -127,7 +127,7 @@ double sts_spearman(const at::Tensor& emb, const std::vector<double>& gold) {
   return 100 * data::spearman(cos, gold);
 }
 
-// The targets of experiments.md section 4 from the rows (see ConversionReport).
+// The targets of the conversion from the rows (see ConversionReport).
 void set_targets(ConversionReport& r, const std::vector<int64_t>& long_lengths) {
   r.softmax_spearman = r.rows[0].sts_spearman;
   for (const ConversionRow& row : r.rows) {

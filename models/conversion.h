@@ -1,4 +1,4 @@
-// models/conversion.h: the zero-shot conversion evaluation of experiments.md section 4 (what
+// models/conversion.h: the zero-shot conversion evaluation of docs/methods.md (what
 // `strata convert` runs, without printing or files). The pretrained encoder all-MiniLM-L6-v2 has
 // the attention of some layers swapped (models/attention_zoo.h) and every method row is scored on
 //   1. STS-B test: Spearman x 100 of cos(emb1, emb2) against the gold scores;
@@ -60,7 +60,7 @@ struct ConversionRow {
   double seconds = 0;            // wall time of the row
 };
 
-// The evaluation's inputs, rows and the targets of experiments.md section 4 (issue 4).
+// The evaluation's inputs, rows and its targets.
 struct ConversionReport {
   std::string model_dir, sts_path, text_path;  // model_dir: "" when the caller gave the model
   int64_t layers = 0, heads = 0, head_dim = 0;  // the model's

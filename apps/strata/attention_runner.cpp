@@ -64,7 +64,7 @@ CorruptFn corrupt_outputs(std::vector<std::pair<std::string, const at::Tensor*>>
 
 namespace {
 
-// The row's FLOPs: strata::attention_flops (the core's count, performance.md's convention) of the
+// The row's FLOPs: strata::attention_flops (the core's count, docs/methods.md's convention) of the
 // forward, plus its backward (2.5x) for fwd+bwd rows, which time both.
 double row_flops(const AttnCase& c) {
   AttnDims d;

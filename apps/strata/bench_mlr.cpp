@@ -25,7 +25,7 @@
 // head 0 (every query: o and lse of the forward; dq, dk, dv of the backward), and where
 // torch.mlr_blockwise runs also vs it on the whole problem (o; dq, dk, dv through autograd). fp32
 // tolerance 1e-4 on max|diff| / max|ref| (see kTolerance).
-// FLOPs (performance.md): forward = strata::mlr_attention_flops (scores 2*sum of shared-prefix
+// FLOPs (docs/methods.md): forward = strata::mlr_attention_flops (scores 2*sum of shared-prefix
 // lengths over allowed pairs, + 2*pairs*d_v), the dense peers' = its dense_total. Backward =
 // 3x the score part + 2x the P V part (recompute QK^T, dQ, dK; dP, dV), i.e. 2.5x the forward
 // for dense attention with d = d_v. Rows carry flop_ratio_scores / flop_ratio_total (dense / ours)

@@ -22,7 +22,7 @@
 // over the PADDED length P = M*B: the paper's N*D*[...] where B divides N (N = 256, 1024, 4096,
 // 16384) and up to (P - N) / N more where it does not (N = 2048: P = 2070; N = 8192: P = 8280),
 // because the kernel computes the padded blocks too. Dense: strata::attention_flops, 4*N^2*D.
-// Backward 2.5x forward for both (performance.md's convention). ideal_mac_ratio = dense / Monarch
+// Backward 2.5x forward for both (docs/methods.md's convention). ideal_mac_ratio = dense / Monarch
 // FLOPs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
