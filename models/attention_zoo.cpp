@@ -6,7 +6,9 @@
 #include <set>
 #include <utility>
 
+#include "strata/attention.h"
 #include "strata/error.h"
+#include "strata/monarch.h"
 #include "strata/torch/attention.h"
 #include "strata/torch/baselines.h"
 #include "strata/torch/monarch.h"
@@ -31,12 +33,14 @@ int64_t parse_int(const std::string& spec, const std::string& key, const std::st
   return v;
 }
 
-std::string parse_choice(const std::string& spec, const std::string& key, const std::string& text,
-                         std::initializer_list<const char*> choices) {
+// The value among `choices` whose name is `text`; throws naming the key and the names otherwise.
+template <class E>
+E parse_choice(const std::string& spec, const std::string& key, const std::string& text,
+               std::initializer_list<E> choices, const char* (*name_of)(E)) {
   std::string list;
-  for (const char* c : choices) {
-    if (text == c) return text;
-    list += list.empty() ? c : cat(" or ", c);
+  for (E c : choices) {
+    if (text == name_of(c)) return c;
+    list += list.empty() ? name_of(c) : cat(" or ", name_of(c));
   }
   bad_spec(spec, cat("key '", key, "': expected ", list, ", got \"", text, "\""));
 }
@@ -48,9 +52,10 @@ void validate(const AttentionSpec& s, const std::string& shown) {
     case AttentionKind::monarch:
       if (s.num_steps < 1) bad_spec(shown, cat("key 'T': expected an integer >= 1, got ", s.num_steps));
       if (s.block_size < 0) bad_spec(shown, cat("key 'B': expected an integer >= 0, got ", s.block_size));
-      if (s.pad != "post" && s.pad != "pre") bad_spec(shown, cat("key 'pad': expected post or pre, got \"", s.pad, "\""));
-      if (s.mode != "stable" && s.mode != "reference")
-        bad_spec(shown, cat("key 'mode': expected stable or reference, got \"", s.mode, "\""));
+      if (s.pad != MonarchPad::post && s.pad != MonarchPad::pre)
+        bad_spec(shown, cat("key 'pad': expected post or pre, got ", int(s.pad)));
+      if (s.mode != MonarchMode::stable && s.mode != MonarchMode::reference)
+        bad_spec(shown, cat("key 'mode': expected stable or reference, got ", int(s.mode)));
       break;
     case AttentionKind::nystrom:
       if (s.num_landmarks < 1)
@@ -111,8 +116,11 @@ AttentionSpec parse_attention_spec(const std::string& spec) {
       case AttentionKind::monarch:
         if (key == "T") s.num_steps = parse_int(spec, key, value, 1);
         else if (key == "B") s.block_size = parse_int(spec, key, value, 0);
-        else if (key == "pad") s.pad = parse_choice(spec, key, value, {"post", "pre"});
-        else if (key == "mode") s.mode = parse_choice(spec, key, value, {"stable", "reference"});
+        else if (key == "pad")
+          s.pad = parse_choice(spec, key, value, {MonarchPad::post, MonarchPad::pre}, strata::torch::monarch_pad_name);
+        else if (key == "mode")
+          s.mode = parse_choice(spec, key, value, {MonarchMode::stable, MonarchMode::reference},
+                                strata::torch::monarch_mode_name);
         else known = false;
         break;
       case AttentionKind::nystrom:
@@ -138,7 +146,8 @@ std::string to_string(const AttentionSpec& s) {
   switch (s.kind) {
     case AttentionKind::softmax: return "softmax";
     case AttentionKind::monarch:
-      return cat("monarch:T=", s.num_steps, ",B=", s.block_size, ",pad=", s.pad, ",mode=", s.mode);
+      return cat("monarch:T=", s.num_steps, ",B=", s.block_size, ",pad=", strata::torch::monarch_pad_name(s.pad),
+                 ",mode=", strata::torch::monarch_mode_name(s.mode));
     case AttentionKind::nystrom: return cat("nystrom:landmarks=", s.num_landmarks, ",iters=", s.pinv_iters);
     case AttentionKind::performer:
       return s.seed.has_value() ? cat("performer:features=", s.num_features, ",seed=", *s.seed)
@@ -191,12 +200,21 @@ double attention_flops(const AttentionSpec& spec, int64_t seqlen, int64_t heads,
   STRATA_CHECK_ARG(seqlen >= 0, where, "seqlen", ">= 0", seqlen);
   STRATA_CHECK_ARG(heads >= 0, where, "heads", ">= 0", heads);
   STRATA_CHECK_ARG(head_dim >= 1, where, "head_dim", ">= 1", head_dim);
+  AttnDims d;  // one sequence, self-attention, D = Dv
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = seqlen;
+  d.heads_q = d.heads_kv = heads;
+  d.head_dim = d.head_dim_v = head_dim;
   const double h = double(heads);
   switch (spec.kind) {
-    case AttentionKind::softmax: return h * strata::torch::softmax_attention_flops(seqlen, head_dim);
-    case AttentionKind::monarch:
-      return strata::torch::monarch_attention_flops(seqlen, heads, head_dim, head_dim, spec.num_steps,
-                                                    spec.block_size);
+    case AttentionKind::softmax: return strata::attention_flops(d, /*causal=*/false).forward;
+    case AttentionKind::monarch: {
+      MonarchOptions o;
+      o.num_steps = spec.num_steps;
+      o.block_size = spec.block_size;
+      o.pad = spec.pad;
+      return strata::monarch_attention_flops(d, o);
+    }
     case AttentionKind::nystrom:
       return h * strata::torch::nystrom_attention_flops(seqlen, head_dim, head_dim, spec.num_landmarks,
                                                         spec.pinv_iters);

@@ -1,5 +1,5 @@
 // models/attention_zoo.h: the attention methods a pretrained encoder can be converted to
-// (experiments.md section 4), named by a one-line spec, plus their attention FLOP counts.
+// (docs/methods.md, zero-shot conversion), named by a one-line spec, plus their attention FLOP counts.
 //
 // Spec strings: "<kind>" or "<kind>:<key>=<value>,<key>=<value>,..." (no spaces), keys per kind:
 //   softmax                                   exact softmax attention (strata's dense kernel)
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/bert_encoder.h"
+#include "strata/monarch.h"
 
 namespace strata::models {
 
@@ -34,8 +35,8 @@ struct AttentionSpec {
   // monarch
   int64_t num_steps = 1;         // T
   int64_t block_size = 0;        // B; 0 = floor(sqrt(seq)) per call
-  std::string pad = "post";      // "post" | "pre"
-  std::string mode = "stable";   // "stable" | "reference"
+  MonarchPad pad = MonarchPad::post;       // spec "post" | "pre"
+  MonarchMode mode = MonarchMode::stable;  // spec "stable" | "reference"
   // nystrom
   int64_t num_landmarks = 16;
   int64_t pinv_iters = 6;
@@ -49,7 +50,8 @@ struct AttentionSpec {
 // "softmax" | "monarch" | "nystrom" | "performer".
 const char* kind_name(AttentionKind kind);
 
-// Parses a spec string (grammar above). Throws strata::Error naming the bad part, e.g.
+// Parses a spec string (grammar above), the one parse of a spec: pad and mode become the core's
+// enums here. Throws strata::Error naming the bad part, e.g.
 //   attention spec "monarch:T=0": key 'T': expected an integer >= 1, got "0"
 //   attention spec "nystrom:B=4": unknown key 'B' for nystrom (expected one of: landmarks, iters)
 AttentionSpec parse_attention_spec(const std::string& spec);
@@ -66,8 +68,8 @@ AttentionFn make_attention(const AttentionSpec& spec);
 
 // Attention FLOPs of one sequence of `seqlen` tokens through one layer, all heads
 // (q, k, v head dims = head_dim):
-//   softmax    heads * 4 N^2 D
-//   monarch    strata::torch::monarch_attention_flops(N, heads, D, D, T, B)
+//   softmax    strata::attention_flops (non-causal forward) = heads * 4 N^2 D
+//   monarch    strata::monarch_attention_flops (T, B; over the padded length M*B)
 //   nystrom    heads * strata::torch::nystrom_attention_flops(N, D, D, landmarks, iters)
 //   performer  heads * strata::torch::performer_attention_flops(N, D, D, features)
 double attention_flops(const AttentionSpec& spec, int64_t seqlen, int64_t heads, int64_t head_dim);

@@ -1,7 +1,7 @@
 // models/bert_encoder.h: a BERT encoder (post-LN, GELU, absolute positions) loaded from a
 // Hugging Face safetensors checkpoint, with the attention of every layer pluggable, and the
 // sentence-transformers head (mean pooling over valid tokens, L2 normalisation). Inference only
-// (no autograd), float32, CPU. Built for all-MiniLM-L6-v2 (experiments.md section 4): 6 layers,
+// (no autograd), float32, CPU. Built for all-MiniLM-L6-v2 (docs/methods.md): 6 layers,
 // hidden 384, 12 heads of 32, FFN 1536; any BertModel checkpoint with the same names loads.
 //
 // One layer (x: batch x seq x hidden), as transformers' BertLayer in eval mode:

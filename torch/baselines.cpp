@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "binding_util.h"
+#include "strata/attention.h"
 #include "strata/error.h"
 
 namespace strata::torch {
@@ -201,8 +202,12 @@ double softmax_attention_flops(int64_t N, int64_t D, int64_t Dv) {
   const char* where = "softmax_attention_flops";
   STRATA_CHECK_ARG(N >= 0, where, "N", ">= 0", N);
   STRATA_CHECK_ARG(D >= 0, where, "D", ">= 0", D);
-  if (Dv < 0) Dv = D;
-  return 2.0 * double(N) * double(N) * double(D + Dv);
+  AttnDims d;  // one sequence, one head: the core's count (strata/attention.h)
+  d.batch = d.heads_q = d.heads_kv = 1;
+  d.seqlen_q = d.seqlen_k = N;
+  d.head_dim = D;
+  d.head_dim_v = Dv < 0 ? D : Dv;
+  return ::strata::attention_flops(d, /*causal=*/false).forward;
 }
 
 double performer_attention_flops(int64_t N, int64_t D, int64_t Dv, int64_t num_features) {

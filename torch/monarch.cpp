@@ -20,18 +20,6 @@ using binding::QkvViews;
 using binding::qkv_views;
 using binding::sizes_in;
 
-MonarchPad parse_pad(const char* where, const std::string& s) {
-  if (s == "post") return MonarchPad::post;
-  if (s == "pre") return MonarchPad::pre;
-  throw_arg(where, "pad", "\"post\" or \"pre\"", cat("\"", s, "\""));
-}
-
-MonarchMode parse_mode(const char* where, const std::string& s) {
-  if (s == "stable") return MonarchMode::stable;
-  if (s == "reference") return MonarchMode::reference;
-  throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
-}
-
 constexpr int64_t kMaxSteps = 1024;  // num_steps bound (see make_options)
 
 // Converts the user-facing arguments to core options (the mask as a view, no copy).
@@ -39,8 +27,8 @@ MonarchOptions make_options(const char* where, const MonarchArgs& a) {
   MonarchOptions o;
   o.num_steps = a.num_steps;
   o.block_size = a.block_size;
-  o.pad = parse_pad(where, a.pad);
-  o.mode = parse_mode(where, a.mode);
+  o.pad = a.pad;  // checked by the core's validate
+  o.mode = a.mode;
   o.layout = binding::parse_layout(where, a.layout);
   // A bound, so that a typo (2**40) is an error rather than a run that never ends: the paper's
   // results use 1-3 steps, and each step costs about one pass of block attention.
@@ -148,8 +136,8 @@ using ::torch::autograd::variable_list;
 void save_options(AutogradContext* ctx, const MonarchArgs& a) {
   ctx->saved_data["num_steps"] = a.num_steps;
   ctx->saved_data["block_size"] = a.block_size;
-  ctx->saved_data["pad"] = a.pad;
-  ctx->saved_data["mode"] = a.mode;
+  ctx->saved_data["pad"] = int64_t(a.pad);
+  ctx->saved_data["mode"] = int64_t(a.mode);
   ctx->saved_data["scale"] = a.scale.has_value() ? c10::IValue(*a.scale) : c10::IValue();
   ctx->saved_data["layout"] = a.layout;
 }
@@ -158,8 +146,8 @@ MonarchArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_mas
   MonarchArgs a;
   a.num_steps = ctx->saved_data.at("num_steps").toInt();
   a.block_size = ctx->saved_data.at("block_size").toInt();
-  a.pad = ctx->saved_data.at("pad").toStringRef();
-  a.mode = ctx->saved_data.at("mode").toStringRef();
+  a.pad = MonarchPad(ctx->saved_data.at("pad").toInt());
+  a.mode = MonarchMode(ctx->saved_data.at("mode").toInt());
   const c10::IValue& scale = ctx->saved_data.at("scale");
   if (!scale.isNone()) a.scale = scale.toDouble();
   a.layout = ctx->saved_data.at("layout").toStringRef();
@@ -211,21 +199,41 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return MonarchFunction::apply(q, k, v, a);
 }
 
+MonarchPad parse_monarch_pad(const char* where, std::string_view s) {
+  if (s == "post") return MonarchPad::post;
+  if (s == "pre") return MonarchPad::pre;
+  throw_arg(where, "pad", "\"post\" or \"pre\"", cat("\"", s, "\""));
+}
+
+MonarchMode parse_monarch_mode(const char* where, std::string_view s) {
+  if (s == "stable") return MonarchMode::stable;
+  if (s == "reference") return MonarchMode::reference;
+  throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
+}
+
+const char* monarch_pad_name(MonarchPad pad) { return pad == MonarchPad::pre ? "pre" : "post"; }
+
+const char* monarch_mode_name(MonarchMode mode) { return mode == MonarchMode::reference ? "reference" : "stable"; }
+
 double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B) {
   const char* where = "monarch_attention_flops";
+  // The arguments under Python's names first; the count is the core's.
   STRATA_CHECK_ARG(N >= 0, where, "N", ">= 0", N);
   STRATA_CHECK_ARG(heads >= 0, where, "heads", ">= 0", heads);
   STRATA_CHECK_ARG(D >= 0, where, "D", ">= 0", D);
   STRATA_CHECK_ARG(Dv >= 0, where, "Dv", ">= 0", Dv);
   STRATA_CHECK_ARG(T >= 1, where, "T", ">= 1", T);
   STRATA_CHECK_ARG(B >= 0, where, "B", ">= 1, or 0 for floor(sqrt(N))", B);
-  if (N == 0) return 0.0;
+  AttnDims d;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = N;
+  d.heads_q = d.heads_kv = heads;
+  d.head_dim = D;
+  d.head_dim_v = Dv;
   MonarchOptions o;
+  o.num_steps = T;
   o.block_size = B;
-  const MonarchGeometry g = monarch_geometry(N, o);
-  const double b = double(g.block_size), m = double(g.num_blocks), p = double(g.padded_len);
-  const double macs = p * (double(D) * (double(T - 1) * (2 * b + 2 * m) + 2 * b + m) + double(Dv) * (b + m));
-  return 2.0 * macs * double(heads);
+  return ::strata::monarch_attention_flops(d, o);
 }
 
 }  // namespace strata::torch

@@ -18,15 +18,16 @@ namespace {
 
 using binding::rethrow_as_c10;
 
-// The schema's option arguments as MonarchArgs.
-MonarchArgs make_args(int64_t num_steps, int64_t block_size, c10::string_view pad, c10::string_view mode,
-                      std::optional<double> scale, const std::optional<at::Tensor>& key_padding_mask,
-                      c10::string_view layout) {
+// The schema's option arguments as MonarchArgs: pad and mode from their names to the enums here,
+// once (errors name the op `where` and the argument).
+MonarchArgs make_args(const char* where, int64_t num_steps, int64_t block_size, c10::string_view pad,
+                      c10::string_view mode, std::optional<double> scale,
+                      const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
   MonarchArgs a;
   a.num_steps = num_steps;
   a.block_size = block_size;
-  a.pad = std::string(pad);
-  a.mode = std::string(mode);
+  a.pad = parse_monarch_pad(where, std::string_view(pad.data(), pad.size()));
+  a.mode = parse_monarch_mode(where, std::string_view(mode.data(), mode.size()));
   a.scale = scale;
   a.key_padding_mask = key_padding_mask;
   a.layout = std::string(layout);
@@ -41,7 +42,8 @@ std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Ten
                                               c10::string_view layout) {
   return rethrow_as_c10([&] {
     return monarch_attention_forward(q, k, v,
-                                     make_args(num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+                                     make_args("monarch_attention_forward", num_steps, block_size, pad, mode, scale,
+                                               key_padding_mask, layout));
   });
 }
 
@@ -52,7 +54,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
     std::optional<double> scale, const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
   return rethrow_as_c10([&] {
     return monarch_attention_backward(q, k, v, state.value_or(at::Tensor()), dout,
-                                      make_args(num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+                                      make_args("monarch_attention_backward", num_steps, block_size, pad, mode,
+                                                scale, key_padding_mask, layout));
   });
 }
 
@@ -61,7 +64,8 @@ at::Tensor monarch_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       int64_t block_size, c10::string_view pad, c10::string_view mode, std::optional<double> scale,
                       const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
   return rethrow_as_c10([&] {
-    return monarch_attention(q, k, v, make_args(num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+    return monarch_attention(
+        q, k, v, make_args("monarch_attention", num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
   });
 }
 

@@ -14,6 +14,7 @@
 #include <fmt/core.h>
 
 #include "bench_common.h"
+#include "strata/attention.h"
 #include "strata/error.h"
 #include "strata/torch/attention.h"
 
@@ -21,13 +22,6 @@ namespace strata::app {
 
 std::string attention_case_name(const AttnCase& c) {
   return std::string(c.backward ? "fwd+bwd" : "fwd") + (c.causal ? " causal" : "");
-}
-
-double attention_flops(const AttnCase& c) {
-  double f = 4.0 * double(c.batch) * double(c.heads) * double(c.seq) * double(c.seq) * double(c.head_dim);
-  if (c.causal) f *= 0.5;
-  if (c.backward) f *= 3.5;
-  return f;
 }
 
 double attention_tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2e-2 : 1e-4; }
@@ -42,6 +36,12 @@ double max_rel_err(const at::Tensor& a, const at::Tensor& b) {
   const double den = b64.abs().max().item<double>();
   return den > 0 ? num / den : num;
 }
+
+at::Tensor reference_tensor(std::vector<double>& buf, at::IntArrayRef sizes) {
+  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
+}
+
+at::Tensor head0_bshd(const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); }
 
 void perturb_for_test(const at::Tensor& t) {
   STRATA_CHECK_ARG(t.dim() == 3 || t.dim() == 4, "perturb_for_test", "t", "batch x heads x seq [x dim]",
@@ -63,6 +63,18 @@ CorruptFn corrupt_outputs(std::vector<std::pair<std::string, const at::Tensor*>>
 }
 
 namespace {
+
+// The row's FLOPs: strata::attention_flops (the core's count, docs/methods.md's convention) of the
+// forward, plus its backward (2.5x) for fwd+bwd rows, which time both.
+double row_flops(const AttnCase& c) {
+  AttnDims d;
+  d.batch = c.batch;
+  d.seqlen_q = d.seqlen_k = c.seq;
+  d.heads_q = d.heads_kv = c.heads;
+  d.head_dim = d.head_dim_v = c.head_dim;
+  const AttentionFlops f = attention_flops(d, c.causal);
+  return c.backward ? f.forward + f.backward : f.forward;
+}
 
 // The outputs of one run; dq, dk, dv undefined for forward-only rows.
 struct Outputs {
@@ -166,7 +178,7 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
   row.shape = {{"batch", c.batch}, {"heads", c.heads}, {"seq", c.seq}, {"head_dim", c.head_dim}};
   row.shape_label = fmt::format("B={} H={} N={} D={}", c.batch, c.heads, c.seq, c.head_dim);
   row.dtype = c.dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  row.flops = attention_flops(c);
+  row.flops = row_flops(c);
   set_row_times(row, t.secs[0], t.secs[1]);
   return row;
 }

@@ -30,15 +30,19 @@ struct AttnCase {
 // "fwd", "fwd causal", "fwd+bwd", "fwd+bwd causal".
 std::string attention_case_name(const AttnCase& c);
 
-// FLOPs by the performance.md convention: 4*B*H*N*N*D forward (halved when causal), x3.5 with
-// the backward.
-double attention_flops(const AttnCase& c);
-
 // Tolerance on the normwise relative error: 1e-4 for float32, 2e-2 for bfloat16.
 double attention_tolerance(at::ScalarType dtype);
 
 // max|a - b| / max|b| in double (max|a - b| when b is all zeros); +inf if either holds a NaN.
 double max_rel_err(const at::Tensor& a, const at::Tensor& b);
+
+// A double buffer written by strata::reference (BSHD order) as a tensor of `sizes`, no copy: the
+// right-hand side of max_rel_err.
+at::Tensor reference_tensor(std::vector<double>& buf, at::IntArrayRef sizes);
+
+// Head 0 of a BHSD tensor (batch x heads x seq x dim) as 1 x seq x 1 x dim in BSHD order: what the
+// references write for one head.
+at::Tensor head0_bshd(const at::Tensor& t);
 
 // The test hook's perturbation (bench_harness.h): adds 1 + max|t| to one element of t in place,
 // in the middle row of batch 0, head 0 (t: batch x heads x seq x dim, or batch x heads x seq), so

@@ -1,7 +1,8 @@
 // apps/strata/bench_mlr.cpp: `strata bench mlr`: MLR attention (strata/mlr.h, causal, fp32) against
 // its peers in the same process: our dense causal kernel (strata.flash), torch SDPA causal, and the
-// reference code's construction written with torch ops (torch.mlr_blockwise); then decoding with
-// the MLR KV cache (strata/mlr_kv_cache.h) against dense decoding.
+// reference code's construction written with torch ops (torch.mlr_blockwise: the peer
+// mlr_blockwise_attention, strata/torch/peers.h); then decoding with the MLR KV cache
+// (strata/mlr_kv_cache.h) against dense decoding.
 //
 // Sweep: T in {1024, 2048, 4096, 8192, 16384} (--quick: 1024, 4096, 8192; --smoke: 256), 7 rounds
 // per group (--quick 5, --smoke 3), batch 1, 8 heads, head dim 64 (= d_v), splits 8x8,
@@ -24,7 +25,7 @@
 // head 0 (every query: o and lse of the forward; dq, dk, dv of the backward), and where
 // torch.mlr_blockwise runs also vs it on the whole problem (o; dq, dk, dv through autograd). fp32
 // tolerance 1e-4 on max|diff| / max|ref| (see kTolerance).
-// FLOPs (performance.md): forward = strata::mlr_attention_flops (scores 2*sum of shared-prefix
+// FLOPs (docs/methods.md): forward = strata::mlr_attention_flops (scores 2*sum of shared-prefix
 // lengths over allowed pairs, + 2*pairs*d_v), the dense peers' = its dense_total. Backward =
 // 3x the score part + 2x the P V part (recompute QK^T, dQ, dK; dP, dV), i.e. 2.5x the forward
 // for dense attention with d = d_v. Rows carry flop_ratio_scores / flop_ratio_total (dense / ours)
@@ -59,6 +60,7 @@
 #include "strata/mlr.h"
 #include "strata/threading.h"
 #include "strata/torch/attention.h"
+#include "strata/torch/peers.h"
 
 namespace strata::app {
 namespace {
@@ -94,39 +96,6 @@ MlrOptions mlr_opts(const Split& s) {
 }
 
 TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench mlr", arg); }
-
-// The reference code's construction (AttentionMLR.forward in YilunKuang/structured-attention,
-// src/model.py), in the same torch ops: per level l, split q_l, k_l into blocks of b_l = T/2^l
-// (l from 0), stack, one batched matmul scaled by 1/r_l, copy each block product onto the
-// diagonal of a zero T x T buffer; sum the levels; causal mask; softmax; @ v. Differentiable
-// (autograd) when the inputs require grad. q, k, v: batch x heads x T x d (BHSD).
-// `above_diag`: T x T bool, true above the diagonal (the masked entries).
-at::Tensor blockwise_mlr(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::vector<int64_t>& ranks, const at::Tensor& above_diag) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2);
-  at::Tensor att;
-  int64_t off = 0;
-  for (size_t l = 0; l < ranks.size(); ++l) {
-    const int64_t r = ranks[l], b = T >> l, nb = T / b;
-    const at::Tensor cq = at::stack(q.narrow(-1, off, r).split(b, -2));  // nb x B x H x b x r
-    const at::Tensor ck = at::stack(k.narrow(-1, off, r).split(b, -2));
-    const at::Tensor prod = at::matmul(cq, ck.transpose(-2, -1)) * (1.0 / double(r));
-    at::Tensor att_l = at::zeros({B, H, T, T}, q.options().requires_grad(false));
-    for (int64_t j = 0; j < nb; ++j) att_l.slice(2, j * b, (j + 1) * b).slice(3, j * b, (j + 1) * b).copy_(prod[j]);
-    att = att.defined() ? att + att_l : att_l;
-    off += r;
-  }
-  att = att.masked_fill(above_diag, -std::numeric_limits<double>::infinity());
-  return at::matmul(at::softmax(att, -1), v);
-}
-
-// A double buffer from strata::reference as a tensor (BSHD order), for max_rel_err.
-at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
-  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
-}
-
-// Head 0 of a BHSD tensor in BSHD order (1 x T x 1 x d), the order of the reference's outputs.
-at::Tensor head0(const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); }
 
 // The double reference (strata::reference::mlr_attention_*) on all of head 0, BSHD order with
 // one head: o, dq: T x d; lse: T; dk, dv: T x d. Computed in chunks of kRefChunk queries, each a
@@ -196,11 +165,11 @@ double head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   const int64_t T = q.size(2), D = q.size(3), Dv = v.size(3);
   Head0Ref r = head0_reference(q, k, v, dout, opt, backward);
   if (!backward)
-    return std::max(max_rel_err(head0(*ours[0]), f64(r.o, {1, T, 1, Dv})),
-                    max_rel_err(ours[1]->narrow(1, 0, 1), f64(r.lse, {1, 1, T})));
-  return std::max({max_rel_err(head0(*ours[0]), f64(r.dq, {1, T, 1, D})),
-                   max_rel_err(head0(*ours[1]), f64(r.dk, {1, T, 1, D})),
-                   max_rel_err(head0(*ours[2]), f64(r.dv, {1, T, 1, Dv}))});
+    return std::max(max_rel_err(head0_bshd(*ours[0]), reference_tensor(r.o, {1, T, 1, Dv})),
+                    max_rel_err(ours[1]->narrow(1, 0, 1), reference_tensor(r.lse, {1, 1, T})));
+  return std::max({max_rel_err(head0_bshd(*ours[0]), reference_tensor(r.dq, {1, T, 1, D})),
+                   max_rel_err(head0_bshd(*ours[1]), reference_tensor(r.dk, {1, T, 1, D})),
+                   max_rel_err(head0_bshd(*ours[2]), reference_tensor(r.dv, {1, T, 1, Dv}))});
 }
 
 // One timed method of a group.
@@ -272,12 +241,12 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   at::manual_seed(20250907);
   const std::vector<int64_t> sizes{1, heads, T, kHeadDim};  // batch x heads x T x d (BHSD)
   const at::Tensor q = at::randn(sizes), k = at::randn(sizes), v = at::randn(sizes), dout = at::randn(sizes);
-  const at::Tensor above_diag = at::ones({T, T}, at::kBool).triu(1);
   strata::torch::AttentionArgs dense_args;
   dense_args.causal = true;
   dense_args.layout = "bhsd";
 
   const MlrFlops f = mlr_attention_flops(1, heads, T, T, kHeadDim, opt);
+  // Backward: 3x the score part + 2x the P V part (the core's MlrFlops counts the forward only).
   const auto bwd_flops = [](double scores, double total) { return 3 * scores + 2 * (total - scores); };
   Row0 r0;
   r0.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};
@@ -300,7 +269,7 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   if (with_ref)
     ms.push_back({"torch.mlr_blockwise", [&] {
                     at::NoGradGuard no_grad;
-                    o_ref = blockwise_mlr(q, k, v, split.ranks, above_diag);
+                    o_ref = strata::torch::peers::mlr_blockwise_attention(q, k, v, split.ranks);
                   }});
   std::vector<double> peer_err(ms.size(), kNaN);
   const auto fwd_check = [&] {
@@ -328,7 +297,7 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
                    vg = v.detach().requires_grad_(true);
   const at::Tensor o_sdpa_graph = at::scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
   at::Tensor o_ref_graph;
-  if (with_ref_bwd) o_ref_graph = blockwise_mlr(qg, kg, vg, split.ranks, above_diag);
+  if (with_ref_bwd) o_ref_graph = strata::torch::peers::mlr_blockwise_attention(qg, kg, vg, split.ranks);
   ms.clear();
   ms.push_back({"strata.mlr", [&] {
                   dq = at::empty(sizes);
@@ -413,7 +382,7 @@ void run_decode(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   const auto check = [&] {
     std::vector<double> ro(static_cast<size_t>(heads * kHeadDim)), rlse(static_cast<size_t>(heads));
     reference::mlr_attention_forward(tv(q1, "q"), tv(k, "k"), tv(v, "v"), opt, ro.data(), rlse.data());
-    err = max_rel_err(o.transpose(1, 2), f64(ro, {1, 1, heads, kHeadDim}));
+    err = max_rel_err(o.transpose(1, 2), reference_tensor(ro, {1, 1, heads, kHeadDim}));
     dense_vs_sdpa = max_rel_err(o_dense, o_sdpa);
   };
   TimingPlan steps = plan;

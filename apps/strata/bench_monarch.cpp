@@ -12,14 +12,18 @@
 //        (T = 2; nothing to save for T = 1); strata.flash attention_backward from its (o, lse);
 //        SDPA: torch::autograd::grad on a graph built once (retain_graph)
 // Correctness (Monarch is an approximation, so against Monarch references), on the outputs of
-// ours' last timed call for each T: ours vs the same
-// algorithm written with torch ops (torch_monarch below, all heads; its autograd for dq, dk, dv)
-// and, for N <= 4096 (backward: N <= 2048), vs strata::reference (double, materialises N x N) on
-// head 0. fp32 tolerance 1e-4 on max|diff| / max|ref|. Informational: ours vs exact softmax
-// attention (SDPA) in max_rel_err of every row (and "rel_err_vs_exact_softmax").
-// FLOPs: the paper's count, 2 x N*D*[T*(2B + 2M) + B] MACs per (batch, head) forward; dense
-// 4*N^2*D; backward 2.5x forward for both (performance.md's convention). ideal_mac_ratio =
-// dense / Monarch MACs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
+// ours' last timed call for each T: ours vs the same algorithm written with torch ops (the peer
+// monarch_attention, strata/torch/peers.h, all heads; its autograd for dq, dk, dv) and, for
+// N <= 4096 (backward: N <= 2048), vs strata::reference (double, materialises N x N) on head 0.
+// fp32 tolerance 1e-4 on max|diff| / max|ref|. Informational: ours vs exact softmax attention
+// (SDPA) in max_rel_err of every row (and "rel_err_vs_exact_softmax").
+// FLOPs: the core's counts (strata/monarch.h, strata/attention.h). Monarch forward:
+// strata::monarch_attention_flops, 2 x P*D*[T*(2B + 2M) + B] MACs per (batch, head) for D = Dv,
+// over the PADDED length P = M*B: the paper's N*D*[...] where B divides N (N = 256, 1024, 4096,
+// 16384) and up to (P - N) / N more where it does not (N = 2048: P = 2070; N = 8192: P = 8280),
+// because the kernel computes the padded blocks too. Dense: strata::attention_flops, 4*N^2*D.
+// Backward 2.5x forward for both (docs/methods.md's convention). ideal_mac_ratio = dense / Monarch
+// FLOPs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/core.h>
@@ -42,6 +46,7 @@
 #include "strata/error.h"
 #include "strata/monarch.h"
 #include "strata/torch/attention.h"
+#include "strata/torch/peers.h"
 
 namespace strata::app {
 namespace {
@@ -54,52 +59,6 @@ constexpr double kTolerance = 1e-4;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench monarch", arg); }
-
-// MonarchAttention (stable mode, post-padding, scale 1/sqrt(D)) in torch ops, batched over
-// (batch, head); differentiable. q, k, v: batch x heads x N x d (BHSD). Index names as monarch.h:
-// block k / l, offset j / i. Tensors a, c are indexed [k][j]; al, cl, L [j][...].
-at::Tensor torch_monarch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t steps, int64_t B) {
-  const int64_t Bt = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
-  const int64_t M = (N + B - 1) / B, P = M * B;
-  const double sc = 1.0 / std::sqrt(double(D));
-  const auto blocks = [&](const at::Tensor& x) {  // (batch*heads) x M x B x dim, zero-padded at the end
-    at::Tensor y = x.reshape({Bt * H, N, x.size(3)});
-    if (P > N) y = at::constant_pad_nd(y, {0, 0, 0, P - N});
-    return y.reshape({Bt * H, M, B, x.size(3)});
-  };
-  const at::Tensor qb = blocks(q), kb = blocks(k), vb = blocks(v);
-  const at::Tensor valid = (at::arange(P) < N).reshape({M, B});             // token m*B+j is real
-  const at::Tensor key_ok = valid.reshape({1, M, 1, B});                     // [k][.][i]
-  const at::Tensor w = valid.to(at::kFloat).t().reshape({1, B, M, 1});      // query weight at [j][l]
-  const at::Tensor qT = qb.transpose(1, 2);                                  // [j][l] x D
-  at::Tensor a = qb, c = at::ones({Bt * H, M, B});
-  for (int64_t t = 0;; ++t) {
-    // R-step: R_k[j, i] = softmax_i(sc * a[k,j].k_{kB+i} / c[k,j]) over block k's real keys.
-    const at::Tensor s = (at::matmul(a, kb.transpose(-1, -2)) * sc / c.unsqueeze(-1))
-                             .masked_fill(key_ok.logical_not(), -std::numeric_limits<double>::infinity());
-    const at::Tensor logR = at::log_softmax(s, -1), R = logR.exp();
-    const at::Tensor al = (at::matmul(R, kb) * sc).transpose(1, 2);                            // [j][k] x D
-    const at::Tensor cl = (R * at::where(key_ok, logR, at::zeros_like(logR))).sum(-1).transpose(1, 2);  // [j][k]
-    // L-step: L_j[l, k] = softmax_k(q_{lB+j}.al[j,k] - cl[j,k]).
-    const at::Tensor L = at::softmax(at::matmul(qT, al.transpose(-1, -2)) - cl.unsqueeze(-2), -1);  // [j][l][k]
-    if (t + 1 == steps) {
-      const at::Tensor y = at::matmul(R, vb).transpose(1, 2);  // [j][k] x Dv
-      return at::matmul(L, y).transpose(1, 2).reshape({Bt, H, P, Dv}).narrow(2, 0, N);
-    }
-    const at::Tensor Lw = L * w;
-    a = at::matmul(Lw.transpose(-1, -2), qT).transpose(1, 2);  // [k][j] x D
-    c = Lw.sum(-2).transpose(1, 2);                            // [k][j]
-  }
-}
-
-at::Tensor f64(std::vector<double>& buf, at::IntArrayRef sizes) {
-  return at::from_blob(buf.data(), sizes, at::TensorOptions().dtype(at::kDouble));
-}
-
-double monarch_flops(int64_t heads, int64_t N, int64_t steps, const MonarchGeometry& g) {
-  return 2.0 * double(heads) * double(N) * double(kHeadDim) *
-         double(steps * (2 * g.block_size + 2 * g.num_blocks) + g.block_size);
-}
 
 // One N: the forward group and the backward group (see the file comment).
 void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
@@ -116,31 +75,36 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
     opts[s].layout = Layout::BHSD;
   }
   const MonarchGeometry g = monarch_geometry(N, opts[0]);
-  const double dense_fwd = 4.0 * double(heads) * double(N) * double(N) * double(kHeadDim);
+  AttnDims dims;  // of every call: batch 1, self-attention, D = Dv
+  dims.batch = 1;
+  dims.seqlen_q = dims.seqlen_k = N;
+  dims.heads_q = dims.heads_kv = heads;
+  dims.head_dim = dims.head_dim_v = kHeadDim;
+  const AttentionFlops dense = attention_flops(dims, /*causal=*/false);
 
   // Checks of ours (per T) on the outputs of its last timed call. `ours_out` = o or (dq, dk, dv).
   const auto check = [&](size_t s, const std::vector<at::Tensor>& ours_out, bool backward, double* err,
                          std::string* against) {
     const int64_t T = steps_list[s];
-    *against = "torch_monarch (all heads)";
+    *against = "peers::monarch_attention in torch ops (all heads)";
     if (!backward) {
       at::NoGradGuard no_grad;
-      *err = max_rel_err(ours_out[0], torch_monarch(q, k, v, T, g.block_size));
+      *err = max_rel_err(ours_out[0], strata::torch::peers::monarch_attention(q, k, v, T, g.block_size));
     } else {
       const at::Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
                        vg = v.detach().requires_grad_(true);
-      const auto gr = ::torch::autograd::grad({torch_monarch(qg, kg, vg, T, g.block_size)}, {qg, kg, vg}, {dout});
+      const at::Tensor o = strata::torch::peers::monarch_attention(qg, kg, vg, T, g.block_size);
+      const auto gr = ::torch::autograd::grad({o}, {qg, kg, vg}, {dout});
       *err = 0;
       for (int i = 0; i < 3; ++i) *err = std::max(*err, max_rel_err(ours_out[size_t(i)], gr[size_t(i)]));
     }
     if (N > (backward ? kRefBwdMaxN : kRefMaxN)) return;
     *against += " and strata::reference f64 (head 0)";
     const at::Tensor q0 = q.narrow(1, 0, 1), k0 = k.narrow(1, 0, 1), v0 = v.narrow(1, 0, 1);
-    const auto head0 = [](const at::Tensor& t) { return t.narrow(1, 0, 1).transpose(1, 2); };  // BSHD order
     if (!backward) {
       std::vector<double> ro(size_t(N * kHeadDim));
       reference::monarch_attention_forward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), opts[s], ro.data());
-      *err = std::max(*err, max_rel_err(head0(ours_out[0]), f64(ro, {1, N, 1, kHeadDim})));
+      *err = std::max(*err, max_rel_err(head0_bshd(ours_out[0]), reference_tensor(ro, {1, N, 1, kHeadDim})));
     } else {
       std::vector<double> rdq(size_t(N * kHeadDim)), rdk(rdq.size()), rdv(rdq.size());
       reference::monarch_attention_backward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"),
@@ -148,7 +112,8 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
                                             rdv.data());
       std::vector<double>* r[3] = {&rdq, &rdk, &rdv};
       for (int i = 0; i < 3; ++i)
-        *err = std::max(*err, max_rel_err(head0(ours_out[size_t(i)]), f64(*r[i], {1, N, 1, kHeadDim})));
+        *err = std::max(*err,
+                        max_rel_err(head0_bshd(ours_out[size_t(i)]), reference_tensor(*r[i], {1, N, 1, kHeadDim})));
     }
   };
 
@@ -233,9 +198,10 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
     const char* peers[] = {"strata.flash", "torch.sdpa"};
     for (size_t s = 0; s < S; ++s) {
       const int64_t T = steps_list[s];
-      const double mult = backward ? 2.5 : 1.0;
-      const double flops = mult * monarch_flops(heads, N, T, g);
-      const double ideal = dense_fwd / monarch_flops(heads, N, T, g);
+      const double fwd = monarch_attention_flops(dims, opts[s]);
+      const double mult = backward ? AttentionFlops::kBackwardFlops : 1.0;  // the dense convention, for both
+      const double flops = mult * fwd;
+      const double ideal = dense.forward / fwd;
       for (size_t p = 0; p < 2; ++p) {
         BenchRow row;
         row.case_name = backward ? "bwd" : "fwd";
@@ -250,9 +216,10 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
         row.correct = err[s] < kTolerance;
         row.max_rel_err = exact_err[s];  // the peer computes exact softmax attention
         row.flops = flops;
-        row.peer_flops = mult * dense_fwd;
+        row.peer_flops = backward ? dense.backward : dense.forward;
         set_row_times(row, secs[s], secs[S + p]);
         row.extra = {{"block_size", g.block_size},          {"num_blocks", g.num_blocks},
+                     {"padded_len", g.padded_len},  // the length the FLOPs count (see the file comment)
                      {"ideal_mac_ratio", ideal},            {"fraction_of_ideal", row.speedup.median / ideal},
                      {"rel_err_vs_exact_softmax", exact_err[s]}};
         rep.rows.push_back(std::move(row));
@@ -305,7 +272,7 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
   const TimingPlan plan = bench_timing_plan(o.reps, o.quick, o.smoke, kGroupBudgetS);
   fmt::print("N: {}; T: {}; ours = strata.monarch (stable mode, layout bhsd, fp32), {} heads, D = {}, "
              "B = floor(sqrt(N)); peers: strata.flash and torch.sdpa (exact, non-causal); {} timed rounds per "
-             "group (ABBA order)\n",
+             "group (ABBA order); Monarch FLOPs over the padded length M*B\n",
              fmt::join(sel, ", "), fmt::join(steps, ", "), o.heads, kHeadDim, plan.reps);
   print_peer_table_header();
   for (int64_t n : sel) {

@@ -9,15 +9,14 @@
 namespace strata::app {
 
 bool demo_convert(DemoContext& ctx) {
-  ConvertConfig cfg;
+  models::ConversionConfig cfg;
   for (const char* m : {"softmax", "monarch:T=2,B=8", "monarch:T=3", "nystrom:landmarks=32", "performer:features=128,seed=0"})
-    cfg.methods.push_back(parse_convert_method(m));
+    cfg.methods.push_back(models::parse_conversion_method(m));
   cfg.sts_pairs = 300;
   cfg.passages = 4;
   cfg.long_lengths = {128, 512};
-  cfg.out_dir = ctx.out_dir + "/convert";
   try {
-    const ConvertSummary s = run_conversion(cfg);
+    const models::ConversionReport s = convert_and_report(cfg, ctx.out_dir + "/convert", /*plot=*/true);
     // PASS: the pipeline ran end to end and the softmax model is sane on this subset (the full
     // test set gives 82.03; 300 pairs land within a few points of it). The quality targets are
     // printed above as PASS/FAIL lines and judged on the full run (`strata convert`).

@@ -1,15 +1,13 @@
-// apps/strata/files.cpp: atomic file writes and the shared data folder (files.h).
+// apps/strata/files.cpp: atomic file writes and output-path checks (files.h).
 #include "files.h"
 
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <vector>
 
 #include "strata/error.h"
 
@@ -57,21 +55,6 @@ std::string unwritable_reason(const std::string& path) {
     if (!f.good()) return std::string("cannot open it for writing: ") + std::strerror(errno);
   }
   if (!existed) fs::remove(p, ec);
-  return "";
-}
-
-std::string find_shared_file(const std::string& relative, std::string* tried) {
-  std::vector<std::string> dirs;
-  if (const char* env = std::getenv("STRATA_SHARED_DIR"); env && *env) dirs.emplace_back(env);
-  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/shared");
-  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/../shared");
-  std::string all;
-  for (const std::string& d : dirs) {
-    const std::string p = d + "/" + relative;
-    if (std::filesystem::is_regular_file(p)) return p;
-    all += (all.empty() ? "" : ", ") + p;
-  }
-  if (tried) *tried = all;
   return "";
 }
 

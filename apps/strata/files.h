@@ -1,5 +1,6 @@
-// apps/strata/files.h: how the CLI writes and finds files: atomic writes (a result file is either
-// the old one or the complete new one, never a torn mix), and the shared data folder.
+// apps/strata/files.h: how the CLI writes files: atomic writes (a result file is either the old
+// one or the complete new one, never a torn mix), and the check of an output path before any work.
+// (The shared data folder: data/shared_files.h.)
 #pragma once
 #include <string>
 
@@ -14,10 +15,5 @@ void write_file_atomic(const std::string& path, const std::string& content, cons
 // opened for writing. An existing file is not changed; a file created by the probe is removed.
 // The CLI runs this on every output path before any work, so that a typo fails in a second.
 std::string unwritable_reason(const std::string& path);
-
-// A file of the shared data folder (e.g. "data/sts/sts-test.csv"): under $STRATA_SHARED_DIR when
-// set, else shared/ in or beside the source tree. Returns "" when it is in none of them, and
-// then sets *tried (when given) to the candidates, comma-separated.
-std::string find_shared_file(const std::string& relative, std::string* tried = nullptr);
 
 }  // namespace strata::app

@@ -47,7 +47,7 @@ struct BenchRow {
   std::string checked_against;    // what decided `correct`: the peer, or a reference
   std::optional<double> ref_max_rel_err;       // ours vs that reference (when not the peer)
   std::optional<double> peer_ref_max_rel_err;  // the peer vs that reference
-  double flops = 0;               // by the conventions of shared/design/performance.md
+  double flops = 0;               // by the conventions of docs/methods.md
   std::optional<double> peer_flops;  // the peer's FLOPs when it does other work than ours
   TimeStats ours, peer_time;
   RatioStats speedup;             // paired peer/ours ratios: median (the row's speedup), min, max, quartiles

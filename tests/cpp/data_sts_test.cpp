@@ -1,7 +1,6 @@
 // tests/cpp/data_sts_test.cpp: the STS-B loader and the rank correlation (data/sts.h). Expected
 // correlations are scipy.stats.spearmanr / pearsonr values (scipy 1.17).
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "data/sha256.h"
+#include "data/shared_files.h"
 #include "data/sts.h"
 #include "strata/error.h"
 
@@ -26,11 +26,6 @@ std::string temp_dir() {
   const char* t = std::getenv("TMPDIR");
   return t && *t ? t : "/tmp";
 }
-bool is_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 std::string temp_file(const std::string& stem, const std::string& content) {
   const std::string path = temp_dir() + '/' + "strata_" + stem + "_" + std::to_string(::getpid()) + ".csv";
   std::ofstream(path, std::ios::binary) << content;
@@ -94,21 +89,8 @@ TEST(DataSts, MalformedRowsNameTheLine) {
   EXPECT_THROW(load_sts("/nonexistent/sts-test.csv"), strata::Error);
 }
 
-// shared/data/sts/sts-test.csv: $STRATA_SHARED_DIR, else shared/ in or beside the source tree.
-std::string sts_test_csv() {
-  std::vector<std::string> dirs;
-  if (const char* env = std::getenv("STRATA_SHARED_DIR"); env && *env) dirs.emplace_back(env);
-  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/shared");
-  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/../shared");
-  for (const auto& d : dirs) {
-    const std::string p = d + "/data/sts/sts-test.csv";
-    if (is_file(p)) return p;
-  }
-  return "";
-}
-
 TEST(DataSts, StsBenchmarkTestSplit) {
-  const std::string path = sts_test_csv();
+  const std::string path = strata::data::find_shared_file("data/sts/sts-test.csv");
   if (path.empty()) GTEST_SKIP() << "shared/data/sts/sts-test.csv not found (set STRATA_SHARED_DIR)";
   EXPECT_EQ(strata::data::sha256_file_hex(path), strata::data::kStsTestSha256) << path;
   const auto rows = load_sts(path);

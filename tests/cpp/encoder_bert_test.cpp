@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +20,7 @@
 
 #include "data/minilm.h"
 #include "data/sha256.h"
+#include "data/shared_files.h"
 #include "data/sts.h"
 #include "models/bert_encoder.h"
 #include "strata/error.h"
@@ -44,11 +44,6 @@ std::string temp_dir() {
   const char* t = std::getenv("TMPDIR");
   return t && *t ? t : "/tmp";
 }
-bool is_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // Published STS-B test Spearman x 100 of all-MiniLM-L6-v2 (MTEB STSBenchmark, cosine), and what
 // the Python reference (tools/encoder_reference.py) measures on shared/data/sts/sts-test.csv.
 constexpr double kPublishedStsb = 82.03;
@@ -254,21 +249,8 @@ TEST(EncoderConfig, RejectsWhatItDoesNotImplement) {
   std::remove(path.c_str());
 }
 
-// shared/data/sts/sts-test.csv: $STRATA_SHARED_DIR, else shared/ in or beside the source tree.
-std::string sts_test_csv() {
-  std::vector<std::string> dirs;
-  if (const char* env = std::getenv("STRATA_SHARED_DIR"); env && *env) dirs.emplace_back(env);
-  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/shared");
-  dirs.push_back(std::string(STRATA_SOURCE_DIR) + "/../shared");
-  for (const auto& d : dirs) {
-    const std::string p = d + "/data/sts/sts-test.csv";
-    if (is_file(p)) return p;
-  }
-  return "";
-}
-
 TEST_F(EncoderTest, StsBenchmarkSpearman) {
-  const std::string path = sts_test_csv();
+  const std::string path = strata::data::find_shared_file("data/sts/sts-test.csv");
   if (path.empty()) GTEST_SKIP() << "shared/data/sts/sts-test.csv not found (set STRATA_SHARED_DIR)";
   ASSERT_EQ(strata::data::sha256_file_hex(path), strata::data::kStsTestSha256) << path;
   const auto rows = strata::data::load_sts(path);

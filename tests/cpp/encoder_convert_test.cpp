@@ -2,7 +2,9 @@
 // (parse, canonical form, errors naming the bad key or value), the attention functions it makes,
 // FLOP counts, and convert() on the real all-MiniLM-L6-v2 encoder: MonarchAttention with one
 // block (B >= N) or B = 1 is exact, so the converted model must give the softmax model's
-// embeddings. Tests that need the model skip when scripts/setup_encoder.sh has not installed it.
+// embeddings. The conversion evaluation (models/conversion.h, what `strata convert` runs) on a
+// tiny config, without the CLI. Tests that need the model skip when scripts/setup_encoder.sh has
+// not installed it (and the evaluation's when shared/ has no STS-B or tinyshakespeare).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -13,8 +15,10 @@
 #include <vector>
 
 #include "data/minilm.h"
+#include "data/shared_files.h"
 #include "models/attention_zoo.h"
 #include "models/bert_encoder.h"
+#include "models/conversion.h"
 #include "strata/error.h"
 #include "strata/threading.h"
 #include "strata/torch/baselines.h"
@@ -35,16 +39,16 @@ TEST(AttentionSpec, ParsesTheExamples) {
   EXPECT_EQ(s.kind, AttentionKind::monarch);
   EXPECT_EQ(s.num_steps, 2);
   EXPECT_EQ(s.block_size, 8);
-  EXPECT_EQ(s.pad, "post");
-  EXPECT_EQ(s.mode, "stable");  // default
+  EXPECT_EQ(s.pad, strata::MonarchPad::post);
+  EXPECT_EQ(s.mode, strata::MonarchMode::stable);  // default
 
   s = parse_attention_spec("monarch");
   EXPECT_EQ(s.num_steps, 1);
   EXPECT_EQ(s.block_size, 0);  // floor(sqrt(N)) per call
 
   s = parse_attention_spec("monarch:mode=reference,pad=pre,B=14");
-  EXPECT_EQ(s.mode, "reference");
-  EXPECT_EQ(s.pad, "pre");
+  EXPECT_EQ(s.mode, strata::MonarchMode::reference);
+  EXPECT_EQ(s.pad, strata::MonarchPad::pre);
   EXPECT_EQ(s.block_size, 14);
 
   s = parse_attention_spec("nystrom:landmarks=16");
@@ -257,6 +261,121 @@ TEST_F(ConvertTest, ApproximationsStayCloseAndLayersAreRespected) {
   EXPECT_TRUE(at::equal(pf, embed(texts_)));
   std::printf("[ convert ] min cosine to softmax: monarch T=2 B=4 (2 layers) %.4f, nystrom 8 %.4f, performer 64 %.4f\n",
               min_cosine(mon, base), min_cosine(ny, base), min_cosine(pf, base));
+}
+
+// ---- the conversion evaluation (models/conversion.h) ---------------------------------------------
+
+// Runs f, expecting a strata::Error whose message holds every one of `want`.
+template <class F>
+void expect_error(const F& f, const std::vector<std::string>& want) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << want[0];
+  } catch (const strata::Error& e) {
+    for (const std::string& w : want) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+  }
+}
+
+TEST(Conversion, MethodsAreParsedOnce) {
+  using strata::models::parse_conversion_method;
+  const auto m = parse_conversion_method("monarch:T=2,B=8,pad=pre@3,4");
+  EXPECT_EQ(m.spec_text, "monarch:T=2,B=8,pad=pre");
+  EXPECT_EQ(m.spec, parse_attention_spec("monarch:T=2,B=8,pad=pre"));
+  EXPECT_EQ(m.spec.pad, strata::MonarchPad::pre);
+  EXPECT_EQ(m.layers, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(m.label(), "monarch:T=2,B=8,pad=pre@3,4");
+  EXPECT_TRUE(parse_conversion_method("softmax").layers.empty());
+  expect_error([] { parse_conversion_method("monarch:T=0@1"); }, {"key 'T'"});
+  expect_error([] { parse_conversion_method("monarch@1,x"); }, {"argument 'layers'", "\"x\""});
+  expect_error([] { parse_conversion_method("monarch@"); }, {"argument 'layers'", "at least one layer"});
+  expect_error([] { parse_conversion_method("monarch@-1"); }, {"argument 'layers'", "\"-1\""});
+  for (const auto& list : {strata::models::default_conversion_methods(), strata::models::quick_conversion_methods()})
+    EXPECT_EQ(list.at(0).spec, AttentionSpec{});
+}
+
+// The config is checked before the model is looked for: these fail the same with or without it.
+TEST(Conversion, BadConfigsNameTheField) {
+  using strata::models::ConversionConfig;
+  const auto run = [](const ConversionConfig& c) { return [c] { strata::models::run_conversion(c); }; };
+  ConversionConfig cfg;
+  expect_error(run(cfg), {"run_conversion", "argument 'methods'", "an empty list"});
+  cfg.methods = {strata::models::parse_conversion_method("monarch:T=1")};
+  expect_error(run(cfg), {"argument 'methods'", "plain \"softmax\"", "monarch:T=1"});
+  cfg.methods = {strata::models::parse_conversion_method("softmax@0")};
+  expect_error(run(cfg), {"argument 'methods'", "softmax@0"});
+  cfg.methods = {strata::models::parse_conversion_method("softmax")};
+  ConversionConfig c = cfg;
+  c.sts_pairs = 1;
+  expect_error(run(c), {"argument 'sts_pairs'"});
+  c = cfg;
+  c.long_lengths = {64, 600};
+  expect_error(run(c), {"argument 'long_lengths'", "600"});
+  c = cfg;
+  c.passages = 0;
+  expect_error(run(c), {"argument 'passages'"});
+  c = cfg;
+  c.batch_size = 0;
+  expect_error(run(c), {"argument 'batch_size'"});
+}
+
+// A tiny evaluation on the loaded model: 8 STS-B pairs, one passage of 64 tokens. The softmax row
+// is the baseline; Monarch with one block (B = 512 >= every length) is exact softmax attention, so
+// it scores the same (fp32 rounding: embeddings within 1e-5, far from any tie among 8 cosines) at
+// more FLOPs; Monarch with B = 4 in two layers approximates at fewer FLOPs on the passage.
+TEST_F(ConvertTest, ConversionEvaluationRunsWithoutTheCli) {
+  if (strata::data::find_shared_file("data/sts/sts-test.csv").empty() ||
+      strata::data::find_shared_file("data/text/tinyshakespeare.txt").empty())
+    GTEST_SKIP() << "shared/data/sts/sts-test.csv or data/text/tinyshakespeare.txt not found (set STRATA_SHARED_DIR)";
+  const at::Tensor base = embed(texts_);
+  strata::models::ConversionConfig cfg;
+  for (const char* m : {"softmax", "monarch:T=2,B=512", "monarch:T=2,B=4@0,3"})
+    cfg.methods.push_back(strata::models::parse_conversion_method(m));
+  cfg.sts_pairs = 8;
+  cfg.long_lengths = {64};
+  cfg.passages = 1;
+  size_t calls = 0;
+  const strata::models::ConversionReport r =
+      strata::models::run_conversion(cfg, *model_, [&](const strata::models::ConversionReport& so_far) {
+        EXPECT_EQ(so_far.rows.size(), calls) << "once before the rows, then after each";
+        EXPECT_EQ(so_far.sts_pairs_used, 8);
+        ++calls;
+      });
+  EXPECT_EQ(calls, 4u);
+  EXPECT_EQ(r.layers, 6);
+  EXPECT_EQ(r.heads, 12);
+  EXPECT_TRUE(r.model_dir.empty());  // the caller's model
+  ASSERT_EQ(r.rows.size(), 3u);
+  const auto& soft = r.rows[0];
+  const auto& exact = r.rows[1];
+  const auto& approx = r.rows[2];
+  EXPECT_EQ(soft.method.label(), "softmax");
+  EXPECT_EQ(soft.sts_pct_of_softmax, 100.0);
+  EXPECT_EQ(soft.sts_flop_fraction, 1.0);
+  ASSERT_EQ(soft.long_cells.size(), 1u);
+  EXPECT_EQ(soft.long_cells[0].n, 64);
+  EXPECT_NEAR(soft.long_cells[0].cosine_mean, 1.0, 1e-6);
+  EXPECT_EQ(soft.long_cells[0].flop_fraction, 1.0);
+  EXPECT_GT(soft.sts_spearman, 0.0);  // 8 pairs: a positive correlation, not a benchmark figure
+  EXPECT_NEAR(exact.sts_spearman, soft.sts_spearman, 1e-9);
+  EXPECT_NEAR(exact.long_cells[0].cosine_mean, 1.0, 1e-6);
+  EXPECT_GT(exact.sts_flop_fraction, 1.0);
+  EXPECT_GT(exact.long_cells[0].flop_fraction, 1.0);
+  EXPECT_EQ(approx.method.layers, (std::vector<int64_t>{0, 3}));
+  EXPECT_LT(approx.long_cells[0].flop_fraction, 1.0);
+  EXPECT_GT(approx.long_cells[0].flop_fraction, 4.0 / 6.0);  // 4 of 6 layers stay softmax
+  EXPECT_LT(approx.long_cells[0].cosine_mean, 1.0 - 1e-5);
+  EXPECT_GT(approx.long_cells[0].cosine_min, 0.9);
+  // The targets read the rows: the best Monarch is the exact one; no N = 512, no long target.
+  EXPECT_EQ(r.softmax_spearman, soft.sts_spearman);
+  EXPECT_TRUE(r.sts_target);
+  EXPECT_FALSE(r.has_512);
+  EXPECT_FALSE(r.long_target);
+  EXPECT_FALSE(r.baselines_lower);
+  // Layers past the model's are an error naming the method, before any row.
+  cfg.methods.push_back(strata::models::parse_conversion_method("monarch@6"));
+  expect_error([&] { strata::models::run_conversion(cfg, *model_); }, {"argument 'methods'", "monarch@6", "0..5"});
+  // The model is softmax again afterwards.
+  EXPECT_LT((embed(texts_) - base).abs().max().item<double>(), 1e-6);
 }
 
 }  // namespace

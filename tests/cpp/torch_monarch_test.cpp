@@ -78,8 +78,8 @@ st::MonarchArgs args_of(const MonCase& c, const at::Tensor& mask) {
   st::MonarchArgs a;
   a.num_steps = c.steps;
   a.block_size = c.block;
-  a.pad = c.pad;
-  a.mode = c.mode;
+  a.pad = st::parse_monarch_pad("args_of", c.pad);
+  a.mode = st::parse_monarch_mode("args_of", c.mode);
   a.layout = c.layout;
   if (mask.defined()) a.key_padding_mask = mask;
   return a;
@@ -320,12 +320,16 @@ void expect_error(F f, std::initializer_list<const char*> want) {
 TEST(TorchMonarch, ErrorsNameTheArgument) {
   const at::Tensor q = at::randn({2, 10, 4, 8}), k = at::randn({2, 10, 2, 8}), v = at::randn({2, 10, 2, 8});
   const auto fwd = [&](st::MonarchArgs a) { return [=] { st::monarch_attention_forward(q, k, v, a); }; };
+  // pad and mode: by name where the op schema and Python pass them; as enums, the core's check.
+  expect_error([] { st::parse_monarch_pad("monarch_attention_forward", "middle"); },
+               {"monarch_attention_forward", "'pad'", "\"middle\""});
+  expect_error([] { st::parse_monarch_mode("monarch_attention_forward", "fast"); }, {"'mode'", "\"fast\""});
   st::MonarchArgs a;
-  a.pad = "middle";
-  expect_error(fwd(a), {"monarch_attention_forward", "'pad'", "\"middle\""});
+  a.pad = strata::MonarchPad(7);
+  expect_error(fwd(a), {"monarch_attention_forward", "'pad'"});
   a = {};
-  a.mode = "fast";
-  expect_error(fwd(a), {"'mode'", "\"fast\""});
+  a.mode = strata::MonarchMode(7);
+  expect_error(fwd(a), {"'mode'"});
   a = {};
   a.layout = "sbhd";
   expect_error(fwd(a), {"'layout'"});
@@ -370,7 +374,7 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
   st::MonarchArgs a;
   a.num_steps = 2;
   a.block_size = 4;
-  a.pad = "pre";
+  a.pad = strata::MonarchPad::pre;
   a.scale = 0.4;
   a.key_padding_mask = mask;
   EXPECT_TRUE(at::equal(out, std::get<0>(st::monarch_attention_forward(q, k, v, a))));
@@ -391,6 +395,13 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
     ADD_FAILURE() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("argument 'num_steps'"), std::string::npos) << e.what();
+  }
+  try {  // pad / mode names become enums at the op, with the op's name in the error
+    bwd.call(q, k, v, state, at::ones_like(out), 2, 4, "pre", "fast", 0.4, mask, "bshd");
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("monarch_attention_backward: argument 'mode'"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -227,7 +227,7 @@ def test_flops():
 
 def test_errors_name_the_argument():
     q, k, v = make_qkv(1, 8, 2, 2, 8, 8)
-    with pytest.raises(RuntimeError, match="monarch_attention_forward: argument 'pad'"):
+    with pytest.raises(RuntimeError, match="monarch_attention: argument 'pad'"):
         strata.monarch_attention(q, k, v, pad="middle")
     with pytest.raises(RuntimeError, match="argument 'num_steps'"):
         strata.monarch_attention(q, k, v, num_steps=0)

@@ -64,6 +64,7 @@ at::Tensor nystrom_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 // --- FLOPs: 2 x multiply-accumulates of the matmuls, per (sequence, query head) ---
 // softmax:    N^2 (D + Dv)                              (Q K^T, P V)   -> 4 N^2 D for Dv = D
+//             (the core's strata::attention_flops of one non-causal forward)
 double softmax_attention_flops(int64_t N, int64_t D, int64_t Dv = -1);  // Dv < 0: Dv = D
 // performer:  N r (2 D + 2 Dv + 1)                      (q omega, k omega, phi_k^T v, phi_q (.),
 //             phi_q . sum phi_k). ref's counter (aten.bmm only) misses q omega and k omega (they

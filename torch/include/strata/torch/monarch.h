@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "strata/monarch.h"
@@ -23,12 +24,20 @@ namespace strata::torch {
 struct MonarchArgs {
   int64_t num_steps = 1;                        // T, 1..1024 (a bound against typos like 2**40)
   int64_t block_size = 0;                       // B >= 1; 0 = floor(sqrt(seq)); > seq = one block
-  std::string pad = "post";                     // "post" | "pre" (zero-padding of seq to M*B)
-  std::string mode = "stable";                  // "stable" | "reference" (ma_torch.py's arithmetic)
+  MonarchPad pad = MonarchPad::post;            // zero-padding of seq to M*B at the end or the front
+  MonarchMode mode = MonarchMode::stable;       // or reference (ma_torch.py's arithmetic)
   std::optional<double> scale;                  // default 1/sqrt(head_dim)
   std::optional<at::Tensor> key_padding_mask;   // batch x seq, bool/uint8, true = token (key AND query)
   std::string layout = "bshd";                  // or "bhsd"
 };
+
+// pad and mode by the names the op schema and Python use ("post" / "pre", "stable" /
+// "reference"): the conversion at that boundary, once. parse_* throw strata::Error naming the
+// argument ('pad' / 'mode') and listing the names; *_name return the name.
+MonarchPad parse_monarch_pad(const char* where, std::string_view s);
+MonarchMode parse_monarch_mode(const char* where, std::string_view s);
+const char* monarch_pad_name(MonarchPad pad);
+const char* monarch_mode_name(MonarchMode mode);
 
 // The kernels alone (monarch_attention_forward / _backward, here and as torch.ops.strata.*) are
 // NOT differentiable: their outputs never require grad; use monarch_attention() for gradients.
@@ -67,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_monarch_attention_backw
 // al, y = R v, L logits, O = L y). For Dv = D this is the design page's P*D*[T(2B+2M) + B], which
 // ref's plots use with P = M*B (ViT-B/16, N = 197, B = 14, T = 1, 12 heads x 12 layers:
 // 1.39e8 MACs there, 2.79e8 FLOPs here). N = 0 gives 0. Throws strata::Error for negative sizes,
-// T < 1 or B < 0.
+// T < 1 or B < 0. The count is the core's (strata::monarch_attention_flops, strata/monarch.h).
 double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B);
 
 }  // namespace strata::torch
