@@ -246,8 +246,6 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   dense_args.layout = "bhsd";
 
   const MlrFlops f = mlr_attention_flops(1, heads, T, T, kHeadDim, opt);
-  // Backward: 3x the score part + 2x the P V part (the core's MlrFlops counts the forward only).
-  const auto bwd_flops = [](double scores, double total) { return 3 * scores + 2 * (total - scores); };
   Row0 r0;
   r0.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};
   r0.label = fmt::format("H={} T={} {}", heads, T, split.name);
@@ -331,8 +329,8 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   r0.case_name = "bwd causal";
   r0.checked_against = with_ref_bwd ? "torch.mlr_blockwise autograd (all heads) and " + head0_ref + ": dq, dk, dv"
                                     : head0_ref + ": dq, dk, dv";
-  r0.flops = bwd_flops(f.scores, f.total);
-  r0.dense_flops = bwd_flops(f.dense_scores, f.dense_total);
+  r0.flops = f.backward;
+  r0.dense_flops = f.dense_backward;
   r0.ratio_total = r0.dense_flops / r0.flops;
   add_group_rows(rep, r0, ms, bwd_secs, peer_err);
 }

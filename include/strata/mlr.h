@@ -133,8 +133,11 @@ void mlr_attention_backward(const TensorView& q, const TensorView& k, const Tens
 //   total  = scores + 2 * B * Hq * pairs * head_dim_v
 //   dense_scores / dense_total: the same for dense attention (R = head_dim) with the same mask
 //   (causal or not; mask_cross_segment restricts both).
+// Backward (backward / dense_backward): 3x the score part (S recomputed, dQ and dK over the shared
+// levels) + 2x the P V part (dP = dO V^T and dV = P^T dO).
 struct MlrFlops {
   double scores = 0, total = 0, dense_scores = 0, dense_total = 0;
+  double backward = 0, dense_backward = 0;
 };
 MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k,
                              int64_t head_dim_v, const MlrOptions& opt);

@@ -273,6 +273,8 @@ MlrFlops mlr_attention_flops(int64_t batch, int64_t heads_q, int64_t seqlen_q, i
   f.total = f.scores + 2 * bh * pairs * double(head_dim_v);
   f.dense_scores = 2 * bh * pairs * double(D);
   f.dense_total = f.dense_scores + 2 * bh * pairs * double(head_dim_v);
+  f.backward = 3 * f.scores + 2 * (f.total - f.scores);
+  f.dense_backward = 3 * f.dense_scores + 2 * (f.dense_total - f.dense_scores);
   return f;
 }
 
