@@ -57,6 +57,24 @@ TORCH_LIBRARY(strata, m) {
   m.def("softmax_attention_flops(int N, int D, int Dv=-1) -> float");
   m.def("performer_attention_flops(int N, int D, int Dv, int num_features) -> float");
   m.def("nystrom_attention_flops(int N, int D, int Dv, int num_landmarks, int pinv_iters=6) -> float");
+
+  // Structured operators (strata/torch/structured.h): a spec is (int[] spec, float[] alpha).
+  m.def("structured_forward(Tensor x, Tensor[] factors, int[] spec, float[] alpha) -> Tensor y");
+  m.def(
+      "structured_backward(Tensor x, Tensor[] factors, int[] spec, float[] alpha, Tensor dy, bool input_grad=True, "
+      "bool factor_grads=True) -> (Tensor? dx, Tensor[] dfactors)");
+  m.def("structured_linear(Tensor x, Tensor[] factors, int[] spec, float[] alpha) -> Tensor y");
+  m.def("structured_to_dense(Tensor[] factors, int[] spec, float[] alpha) -> Tensor m");
+  m.def("structured_low_rank_spec(int in_features, int out_features, int rank) -> int[]");
+  m.def("structured_block_diagonal_spec(int in_features, int out_features, int blocks) -> int[]");
+  m.def("structured_mlr_spec(int dim, int[] ranks, int[] blocks=[]) -> int[]");
+  m.def(
+      "structured_btt_spec(int in_features, int out_features, int rank=1, int heads=1, str factorize=\"reference\", "
+      "int[] shape=[]) -> int[]");
+  m.def("structured_monarch_spec(int n, int blocks=0) -> int[]");
+  m.def("structured_kronecker_spec(int a_out, int a_in, int b_out, int b_in) -> int[]");
+  m.def("structured_factor_shapes(int[] spec, float[] alpha) -> int[]");
+  m.def("structured_stats(int[] spec, float[] alpha, int rows=1) -> (int params, float flops, int rank, int[] plan)");
 }
 
 #undef STRATA_MLR_OPTIONS

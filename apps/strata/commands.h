@@ -58,6 +58,18 @@ struct BenchMonarchOptions {
 CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o);
 int run_bench_monarch(const BenchMonarchOptions& o);
 
+struct BenchStructuredOptions {
+  bool quick = false, smoke = false;
+  std::string json, csv;
+  int threads = 0;
+  int reps = 0;                   // 0: 7 (5 with --quick, 3 with --smoke)
+  int64_t tokens = 0;             // 0: 4096 (256 with --smoke)
+  std::vector<int64_t> dim;       // filters (empty: all)
+  std::vector<std::string> ops;
+};
+CLI::App* add_bench_structured(CLI::App& bench, BenchStructuredOptions& o);
+int run_bench_structured(const BenchStructuredOptions& o);
+
 struct DemoOptions {
   std::string out = "out";
   int threads = 0;

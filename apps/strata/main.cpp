@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   BenchAttentionOptions bench_attn_opt;
   BenchMlrOptions bench_mlr_opt;
   BenchMonarchOptions bench_monarch_opt;
+  BenchStructuredOptions bench_structured_opt;
   CLI::App* info = add_info(app, info_opt);
   CLI::App* demo = add_demo(app, demo_opt);
   ConvertOptions convert_opt;
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   CLI::App* bench_attn = add_bench_attention(*bench, bench_attn_opt);
   CLI::App* bench_mlr = add_bench_mlr(*bench, bench_mlr_opt);
   CLI::App* bench_monarch = add_bench_monarch(*bench, bench_monarch_opt);
+  CLI::App* bench_structured = add_bench_structured(*bench, bench_structured_opt);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -88,6 +90,7 @@ int main(int argc, char** argv) {
     if (*bench_attn) return run_bench_attention(bench_attn_opt);
     if (*bench_mlr) return run_bench_mlr(bench_mlr_opt);
     if (*bench_monarch) return run_bench_monarch(bench_monarch_opt);
+    if (*bench_structured) return run_bench_structured(bench_structured_opt);
     // No command given (CLI11 has already rejected unknown words): say so and show the usage.
     CLI::App* where = *bench ? bench : &app;
     std::string names;

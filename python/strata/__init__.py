@@ -74,6 +74,11 @@ __all__ = [
     "SoftmaxAttention",
     "PerformerAttention",
     "NystromAttention",
+    # structured operators (strata.structured)
+    "structured",
+    "StructuredLinear",
+    "StructuredSpec",
+    "structured_linear",
 ]
 
 _LIB_NAME = "libstrata_torch.so"
@@ -239,3 +244,6 @@ from .baselines import (  # noqa: E402
     performer_attention_flops,
     softmax_attention_flops,
 )
+# Structured operators (strata.structured: the MLBTC family, StructuredLinear).
+from . import structured  # noqa: E402
+from .structured import StructuredLinear, StructuredSpec, structured_linear  # noqa: E402

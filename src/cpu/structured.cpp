@@ -1,0 +1,658 @@
+// src/cpu/structured.cpp: the structured operators' specs (named constructors, validation,
+// queries) and the public entry points: argument checks (every error names the argument), factors
+// -> contiguous fp32, TensorView -> StructuredParams, ISA dispatch. Semantics: strata/structured.h.
+#include "strata/structured.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "cpu/structured_params.h"
+#include "strata/threading.h"
+
+namespace strata {
+namespace {
+
+using cpu::StageParams;
+using cpu::StructuredLevelParams;
+using cpu::StructuredParams;
+
+inline int64_t chunk_at(int64_t n, int64_t p, int64_t k) { return k * n / p; }
+// Largest chunk of a width n split in p chunks.
+inline int64_t max_chunk(int64_t n, int64_t p) { return (n + p - 1) / p; }
+
+std::string field(int l, const char* name) { return detail::cat("spec.levels[", l, "].", name); }
+
+// The transpose of a (rows, cols) reshape as a permutation: new index j * rows + i takes old
+// index i * cols + j.
+std::vector<int64_t> reshape_transpose(int64_t rows, int64_t cols) {
+  std::vector<int64_t> perm(size_t(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) perm[size_t(j * rows + i)] = i * cols + j;
+  return perm;
+}
+
+void check_perm(const char* where, const std::vector<int64_t>& perm, int64_t n, const std::string& arg) {
+  if (perm.empty()) return;
+  STRATA_CHECK_ARG(int64_t(perm.size()) == n, where, arg.c_str(), detail::cat("empty or ", n, " indices"),
+                   perm.size());
+  std::vector<char> seen(size_t(n), 0);
+  for (size_t i = 0; i < perm.size(); ++i) {
+    const int64_t v = perm[i];
+    STRATA_CHECK_ARG(v >= 0 && v < n && !seen[size_t(v)], where, arg.c_str(),
+                     detail::cat("a permutation of [0, ", n, ")"),
+                     detail::cat("index ", v, " at position ", i, v >= 0 && v < n ? " (repeated)" : ""));
+    seen[size_t(v)] = 1;
+  }
+}
+
+// A stage from width n_in to n_out: block count, shared chunks equal, identity widths equal.
+void check_stage(const char* where, const StructuredStage& s, int64_t n_in, int64_t n_out, const std::string& arg) {
+  STRATA_CHECK_ARG(s.kind == StageKind::blocks || s.kind == StageKind::shared || s.kind == StageKind::identity,
+                   where, (arg + ".kind").c_str(), "blocks, shared or identity", int(s.kind));
+  if (s.kind == StageKind::identity) {
+    STRATA_CHECK_ARG(n_in == n_out, where, (arg + ".kind").c_str(),
+                     detail::cat("an identity stage between equal widths"), detail::cat(n_in, " -> ", n_out));
+    return;
+  }
+  STRATA_CHECK_ARG(s.blocks >= 1 && s.blocks <= std::min(n_in, n_out), where, (arg + ".blocks").c_str(),
+                   detail::cat("1..", std::min(n_in, n_out), " (at most the widths ", n_in, " -> ", n_out, ")"),
+                   s.blocks);
+  if (s.kind == StageKind::shared)
+    STRATA_CHECK_ARG(n_in % s.blocks == 0 && n_out % s.blocks == 0, where, (arg + ".blocks").c_str(),
+                     detail::cat("a divisor of both widths ", n_in, " and ", n_out, " (shared blocks are equal)"),
+                     s.blocks);
+}
+
+// Whether level lv runs multiplied out (see strata/structured.h).
+bool multiplied_out(const StructuredSpec& spec, const StructuredLevel& lv) {
+  if (!lv.inner_perm.empty() || lv.right.kind != StageKind::blocks || lv.left.kind != StageKind::blocks ||
+      lv.right.blocks != lv.left.blocks)
+    return false;
+  const int64_t p = lv.right.blocks;
+  double product = 0, factored = 0;
+  for (int64_t k = 0; k < p; ++k) {
+    const double ni = double(chunk_at(spec.in, p, k + 1) - chunk_at(spec.in, p, k));
+    const double no = double(chunk_at(spec.out, p, k + 1) - chunk_at(spec.out, p, k));
+    const double m = double(chunk_at(lv.inner, p, k + 1) - chunk_at(lv.inner, p, k));
+    product += ni * no;
+    factored += m * (ni + no);
+  }
+  return product < factored;
+}
+
+// Entries of a stage's storage {blocks or 1, rows, cols} (right: rows = input chunk; left: rows =
+// output chunk; cols = inner chunk).
+std::vector<int64_t> stage_shape(const StructuredStage& s, int64_t rows_width, int64_t inner) {
+  const int64_t p = s.blocks;
+  return {s.kind == StageKind::shared ? 1 : p, max_chunk(rows_width, p), max_chunk(inner, p)};
+}
+
+// Generic rank of one stage: sum over chunks of min(chunk in, chunk out).
+int64_t stage_rank(const StructuredStage& s, int64_t a, int64_t b) {
+  if (s.kind == StageKind::identity) return a;
+  int64_t r = 0;
+  for (int64_t k = 0; k < s.blocks; ++k)
+    r += std::min(chunk_at(a, s.blocks, k + 1) - chunk_at(a, s.blocks, k),
+                  chunk_at(b, s.blocks, k + 1) - chunk_at(b, s.blocks, k));
+  return r;
+}
+
+}  // namespace
+
+const char* stage_kind_name(StageKind k) {
+  switch (k) {
+    case StageKind::blocks: return "blocks";
+    case StageKind::shared: return "shared";
+    case StageKind::identity: return "identity";
+  }
+  return "?";
+}
+
+// ---- Specs ------------------------------------------------------------------------------------
+
+void validate(const char* where, const StructuredSpec& spec) {
+  STRATA_CHECK_ARG(spec.in >= 1, where, "spec.in", "a width >= 1", spec.in);
+  STRATA_CHECK_ARG(spec.out >= 1, where, "spec.out", "a width >= 1", spec.out);
+  STRATA_CHECK_ARG(!spec.levels.empty() && spec.levels.size() <= 64, where, "spec.levels", "1..64 levels",
+                   spec.levels.size());
+  for (int l = 0; l < int(spec.levels.size()); ++l) {
+    const StructuredLevel& lv = spec.levels[size_t(l)];
+    STRATA_CHECK_ARG(lv.inner >= 1, where, field(l, "inner").c_str(), "a width >= 1", lv.inner);
+    STRATA_CHECK_ARG(std::isfinite(lv.alpha), where, field(l, "alpha").c_str(), "a finite number", lv.alpha);
+    check_stage(where, lv.right, spec.in, lv.inner, field(l, "right"));
+    check_stage(where, lv.left, lv.inner, spec.out, field(l, "left"));
+    check_perm(where, lv.inner_perm, lv.inner, field(l, "inner_perm"));
+    check_perm(where, lv.out_perm, spec.out, field(l, "out_perm"));
+  }
+}
+
+StructuredSpec low_rank_spec(int64_t in, int64_t out, int64_t rank) {
+  STRATA_CHECK_ARG(rank >= 1, "low_rank_spec", "rank", ">= 1", rank);
+  StructuredSpec s{"low_rank", in, out, {}};
+  s.levels.push_back({rank, {StageKind::blocks, 1}, {StageKind::blocks, 1}, {}, {}, 1.0});
+  validate("low_rank_spec", s);
+  return s;
+}
+
+StructuredSpec block_diagonal_spec(int64_t in, int64_t out, int64_t blocks) {
+  StructuredSpec s{"block_diagonal", in, out, {}};
+  s.levels.push_back({out, {StageKind::blocks, blocks}, {StageKind::identity, 1}, {}, {}, 1.0});
+  STRATA_CHECK_ARG(blocks >= 1 && blocks <= std::min(in, out), "block_diagonal_spec", "blocks",
+                   detail::cat("1..min(in, out) = ", std::min(in, out)), blocks);
+  validate("block_diagonal_spec", s);
+  return s;
+}
+
+StructuredSpec mlr_spec(int64_t dim, const std::vector<int64_t>& ranks, std::vector<int64_t> blocks) {
+  const char* where = "mlr_spec";
+  STRATA_CHECK_ARG(!ranks.empty() && ranks.size() <= 16, where, "ranks", "1..16 levels", ranks.size());
+  if (blocks.empty())
+    for (size_t l = 0; l < ranks.size(); ++l) blocks.push_back(int64_t(1) << l);
+  STRATA_CHECK_ARG(blocks.size() == ranks.size(), where, "blocks", detail::cat("one per level (", ranks.size(), ")"),
+                   blocks.size());
+  StructuredSpec s{"mlr", dim, dim, {}};
+  for (size_t l = 0; l < ranks.size(); ++l) {
+    STRATA_CHECK_ARG(ranks[l] >= 1, where, detail::cat("ranks[", l, "]").c_str(), ">= 1", ranks[l]);
+    STRATA_CHECK_ARG(blocks[l] >= 1 && blocks[l] <= dim, where, detail::cat("blocks[", l, "]").c_str(),
+                     detail::cat("1..dim = ", dim), blocks[l]);
+    const int64_t p = blocks[l];
+    s.levels.push_back({ranks[l] * p, {StageKind::blocks, p}, {StageKind::blocks, p}, {}, {}, 1.0});
+  }
+  validate(where, s);
+  return s;
+}
+
+BttShape btt_factorize(int64_t in, int64_t out_per_head, BttFactorize rule) {
+  const char* where = "btt_factorize";
+  STRATA_CHECK_ARG(in >= 1, where, "in", ">= 1", in);
+  STRATA_CHECK_ARG(out_per_head >= 1, where, "out_per_head", ">= 1", out_per_head);
+  STRATA_CHECK_ARG(rule == BttFactorize::reference || rule == BttFactorize::balanced, where, "rule",
+                   "reference or balanced", int(rule));
+  // (small, big) with small * big = n
+  auto split = [rule](int64_t n) -> std::pair<int64_t, int64_t> {
+    if (rule == BttFactorize::reference) {
+      for (int64_t b = 1; b <= n; ++b)
+        if (n % b == 0 && b * b > n) return {n / b, b};
+      return {1, n};
+    }
+    int64_t a = 1;
+    for (int64_t x = 1; x * x <= n; ++x)
+      if (n % x == 0) a = x;
+    return {a, n / a};
+  };
+  const auto [a, b] = split(out_per_head);
+  const auto [c, d] = split(in);
+  return {a, b, c, d};
+}
+
+StructuredSpec btt_spec(const BttShape& t, int64_t rank, int64_t heads) {
+  const char* where = "btt_spec";
+  STRATA_CHECK_ARG(t.a >= 1 && t.b >= 1 && t.c >= 1 && t.d >= 1, where, "shape", "a, b, c, d >= 1",
+                   detail::cat("(", t.a, ", ", t.b, ", ", t.c, ", ", t.d, ")"));
+  STRATA_CHECK_ARG(rank >= 1, where, "rank", ">= 1", rank);
+  STRATA_CHECK_ARG(heads >= 1, where, "heads", ">= 1", heads);
+  const int64_t hb = heads * t.b, s = rank;
+  StructuredSpec spec{"btt", t.c * t.d, heads * t.a * t.b, {}};
+  StructuredLevel lv;
+  lv.inner = t.c * hb * s;  // right stage output (i_c, h b + j_b, sigma)
+  lv.right = {StageKind::blocks, t.c};
+  lv.left = {StageKind::blocks, hb};
+  // left input (h b + j_b, i_c, sigma) takes right output (i_c, h b + j_b, sigma)
+  lv.inner_perm.resize(size_t(lv.inner));
+  for (int64_t jb = 0; jb < hb; ++jb)
+    for (int64_t ic = 0; ic < t.c; ++ic)
+      for (int64_t sg = 0; sg < s; ++sg)
+        lv.inner_perm[size_t((jb * t.c + ic) * s + sg)] = (ic * hb + jb) * s + sg;
+  // y[h, i_a, j_b] takes left output (h b + j_b, i_a)
+  lv.out_perm.resize(size_t(spec.out));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t ia = 0; ia < t.a; ++ia)
+      for (int64_t jb = 0; jb < t.b; ++jb)
+        lv.out_perm[size_t(h * t.a * t.b + ia * t.b + jb)] = (h * t.b + jb) * t.a + ia;
+  spec.levels.push_back(std::move(lv));
+  validate(where, spec);
+  return spec;
+}
+
+StructuredSpec monarch_spec(int64_t n, int64_t blocks) {
+  const char* where = "monarch_spec";
+  STRATA_CHECK_ARG(n >= 1, where, "n", ">= 1", n);
+  STRATA_CHECK_ARG(blocks >= 1 && blocks <= n && n % blocks == 0, where, "blocks",
+                   detail::cat("a divisor of n = ", n), blocks);
+  const int64_t m = n / blocks;
+  StructuredSpec s{"monarch", n, n, {}};
+  s.levels.push_back({n, {StageKind::blocks, blocks}, {StageKind::blocks, m}, reshape_transpose(blocks, m),
+                      reshape_transpose(m, blocks), 1.0});
+  validate(where, s);
+  return s;
+}
+
+StructuredSpec kronecker_spec(int64_t a_out, int64_t a_in, int64_t b_out, int64_t b_in) {
+  const char* where = "kronecker_spec";
+  STRATA_CHECK_ARG(a_out >= 1 && a_in >= 1, where, "a", "a_out, a_in >= 1", detail::cat(a_out, " x ", a_in));
+  STRATA_CHECK_ARG(b_out >= 1 && b_in >= 1, where, "b", "b_out, b_in >= 1", detail::cat(b_out, " x ", b_in));
+  StructuredSpec s{"kronecker", a_in * b_in, a_out * b_out, {}};
+  // right: a_in chunks (b_in -> b_out) sharing B; inner (i, p) -> (p, i); left: b_out chunks
+  // (a_in -> a_out) sharing A; output (p, o) -> (o, p).
+  s.levels.push_back({a_in * b_out, {StageKind::shared, a_in}, {StageKind::shared, b_out},
+                      reshape_transpose(a_in, b_out), reshape_transpose(b_out, a_out), 1.0});
+  validate(where, s);
+  return s;
+}
+
+// ---- Queries ----------------------------------------------------------------------------------
+
+std::vector<std::vector<int64_t>> structured_factor_shapes(const StructuredSpec& spec) {
+  validate("structured_factor_shapes", spec);
+  std::vector<std::vector<int64_t>> shapes;
+  for (const StructuredLevel& lv : spec.levels) {
+    if (lv.right.kind != StageKind::identity) shapes.push_back(stage_shape(lv.right, spec.in, lv.inner));
+    if (lv.left.kind != StageKind::identity) shapes.push_back(stage_shape(lv.left, spec.out, lv.inner));
+  }
+  return shapes;
+}
+
+int64_t structured_params(const StructuredSpec& spec) {
+  validate("structured_params", spec);
+  int64_t n = 0;
+  auto stage = [&n](const StructuredStage& s, int64_t a, int64_t b) {
+    if (s.kind == StageKind::identity) return;
+    if (s.kind == StageKind::shared) {
+      n += (a / s.blocks) * (b / s.blocks);
+      return;
+    }
+    for (int64_t k = 0; k < s.blocks; ++k)
+      n += (chunk_at(a, s.blocks, k + 1) - chunk_at(a, s.blocks, k)) *
+           (chunk_at(b, s.blocks, k + 1) - chunk_at(b, s.blocks, k));
+  };
+  for (const StructuredLevel& lv : spec.levels) {
+    stage(lv.right, spec.in, lv.inner);
+    stage(lv.left, lv.inner, spec.out);
+  }
+  return n;
+}
+
+std::vector<bool> structured_plan(const StructuredSpec& spec) {
+  validate("structured_plan", spec);
+  std::vector<bool> plan;
+  for (const StructuredLevel& lv : spec.levels) plan.push_back(multiplied_out(spec, lv));
+  return plan;
+}
+
+double structured_flops(const StructuredSpec& spec, int64_t rows) {
+  validate("structured_flops", spec);
+  STRATA_CHECK_ARG(rows >= 0, "structured_flops", "rows", ">= 0", rows);
+  double macs = 0;
+  auto stage = [&macs](const StructuredStage& s, int64_t a, int64_t b) {
+    if (s.kind == StageKind::identity) return;
+    for (int64_t k = 0; k < s.blocks; ++k)
+      macs += double(chunk_at(a, s.blocks, k + 1) - chunk_at(a, s.blocks, k)) *
+              double(chunk_at(b, s.blocks, k + 1) - chunk_at(b, s.blocks, k));
+  };
+  for (const StructuredLevel& lv : spec.levels) {
+    if (multiplied_out(spec, lv)) {
+      stage(lv.right, spec.in, spec.out);  // one block-diagonal stage of the products
+    } else {
+      stage(lv.right, spec.in, lv.inner);
+      stage(lv.left, lv.inner, spec.out);
+    }
+  }
+  return 2.0 * double(rows) * macs;
+}
+
+int64_t structured_rank(const StructuredSpec& spec) {
+  validate("structured_rank", spec);
+  int64_t r = 0;
+  for (const StructuredLevel& lv : spec.levels) {
+    if (lv.right.kind == StageKind::shared && lv.left.kind == StageKind::shared) {
+      // one shared block per side: rank(right block) * rank(left block) for a Kronecker pattern
+      r += std::min(spec.in / lv.right.blocks, lv.inner / lv.right.blocks) *
+           std::min(lv.inner / lv.left.blocks, spec.out / lv.left.blocks);
+      continue;
+    }
+    r += std::min(stage_rank(lv.right, spec.in, lv.inner), stage_rank(lv.left, lv.inner, spec.out));
+  }
+  return std::min({spec.in, spec.out, r});
+}
+
+// ---- Kernels ----------------------------------------------------------------------------------
+namespace {
+
+// A checked 2-D rows x width view of dtype `dt` (or the kernels' dtypes when dt is null).
+void check_matrix(const char* where, const char* arg, const TensorView& t, int64_t rows, int64_t width,
+                  const char* why, const DType* dt) {
+  STRATA_CHECK_ARG(t.ndim == 2, where, arg, detail::cat("a 2-D tensor (rows, ", width, ")"),
+                   detail::cat(t.ndim, "-D ", t.shape_str()));
+  STRATA_CHECK_ARG(t.data != nullptr || t.numel() == 0, where, arg, "a non-null data pointer", "null");
+  if (dt) {
+    STRATA_CHECK_ARG(t.dtype == *dt, where, arg, detail::cat("dtype ", dtype_name(*dt), " (same as x)"),
+                     dtype_name(t.dtype));
+  } else {
+    STRATA_CHECK_ARG(kKernelDTypes.has(t.dtype), where, arg, kKernelDTypes.names(), dtype_name(t.dtype));
+  }
+  const bool ok = (rows < 0 || t.shape[0] == rows) && t.shape[1] == width;
+  STRATA_CHECK_ARG(ok, where, arg,
+                   detail::cat("shape [", rows < 0 ? std::string("rows") : std::to_string(rows), ", ", width, "] ", why),
+                   t.shape_str());
+}
+
+// The factors (and their gradients, when given): the listed shapes, one kernel dtype for all.
+void check_factors(const char* where, const char* arg, const StructuredSpec& spec, const std::vector<TensorView>& f,
+                   const DType* dt, const DTypes& dtypes = kKernelDTypes) {
+  const auto shapes = structured_factor_shapes(spec);
+  STRATA_CHECK_ARG(f.size() == shapes.size(), where, arg,
+                   detail::cat(shapes.size(), " tensors (one per non-identity stage, for a ", spec.name, " spec)"),
+                   f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    const std::string a = detail::cat(arg, "[", i, "]");
+    const TensorView& t = f[i];
+    const auto& s = shapes[i];
+    const std::string want = detail::cat("shape [", s[0], ", ", s[1], ", ", s[2], "]");
+    STRATA_CHECK_ARG(t.ndim == 3 && t.shape[0] == s[0] && t.shape[1] == s[1] && t.shape[2] == s[2], where, a.c_str(),
+                     want, t.shape_str());
+    STRATA_CHECK_ARG(t.data != nullptr, where, a.c_str(), "a non-null data pointer", "null");
+    const DType want_dt = dt ? *dt : f[0].dtype;
+    STRATA_CHECK_ARG(dtypes.has(t.dtype) && t.dtype == want_dt, where, a.c_str(),
+                     detail::cat(dt ? "dtype of the factors, " : "one dtype for all factors, ", dtypes.names(),
+                                 " (", dtype_name(want_dt), ")"),
+                     dtype_name(t.dtype));
+  }
+}
+
+// A stage's fp32 weights and gradient layout inside the plan's buffers.
+struct PlanStage {
+  int64_t w_off = -1;  // into Plan::weights (-1: identity)
+  int64_t rows = 0, cols = 0, nb = 0;
+  bool right = true;   // rows index the stage's input chunk
+};
+
+// What the kernel runs: levels (some multiplied out), their fp32 weights, and where each user
+// factor lives in them.
+struct Plan {
+  std::vector<float> weights;
+  std::vector<StructuredLevelParams> levels;
+  std::vector<std::vector<int64_t>> perms;  // keeps the levels' perm arrays alive
+  std::vector<PlanStage> stages;            // per level: right, left
+  std::vector<bool> product;                // per level: multiplied out
+  int64_t max_width = 0;
+};
+
+// Copies a 3-D factor view (any strides, f32 / bf16) into dst (contiguous fp32, scaled).
+void copy_factor(const TensorView& t, float* dst, float mul) {
+  int64_t idx[3];
+  int64_t n = 0;
+  for (idx[0] = 0; idx[0] < t.shape[0]; ++idx[0])
+    for (idx[1] = 0; idx[1] < t.shape[1]; ++idx[1])
+      for (idx[2] = 0; idx[2] < t.shape[2]; ++idx[2]) {
+        const int64_t off = idx[0] * t.stride[0] + idx[1] * t.stride[1] + idx[2] * t.stride[2];
+        dst[n++] = mul * (t.dtype == DType::f32 ? static_cast<const float*>(t.data)[off]
+                                                : bf16_to_f32(static_cast<const uint16_t*>(t.data)[off]));
+      }
+}
+
+StageParams stage_params(const StructuredStage& s, int64_t n_in, int64_t n_out, const float* w, int64_t rows,
+                         int64_t cols, bool right) {
+  StageParams p;
+  p.n_in = n_in;
+  p.n_out = n_out;
+  if (s.kind == StageKind::identity) return p;
+  p.blocks = s.blocks;
+  p.shared = s.kind == StageKind::shared;
+  p.w = w;
+  p.w_bs = rows * cols;
+  p.w_is = right ? cols : 1;  // right: w(i, o) at i * cols + o; left: w(i, o) at o * cols + i
+  p.w_os = right ? 1 : cols;
+  return p;
+}
+
+Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factors) {
+  Plan plan;
+  plan.product = structured_plan(spec);
+  plan.max_width = std::max(spec.in, spec.out);
+  size_t fi = 0;
+  // Weight offsets first (the buffer must not move once pointers are taken).
+  std::vector<std::pair<const TensorView*, const TensorView*>> level_factors;
+  for (size_t l = 0; l < spec.levels.size(); ++l) {
+    const StructuredLevel& lv = spec.levels[l];
+    const TensorView* r = lv.right.kind != StageKind::identity ? &factors[fi++] : nullptr;
+    const TensorView* le = lv.left.kind != StageKind::identity ? &factors[fi++] : nullptr;
+    level_factors.push_back({r, le});
+    PlanStage ps_r, ps_l;
+    if (plan.product[l]) {  // one right stage (in -> out) holding alpha * R_k L_k^T
+      const int64_t p = lv.right.blocks;
+      ps_r = {int64_t(plan.weights.size()), max_chunk(spec.in, p), max_chunk(spec.out, p), p, true};
+      plan.weights.resize(plan.weights.size() + size_t(p * ps_r.rows * ps_r.cols), 0.f);
+      plan.max_width = std::max(plan.max_width, spec.out);
+    } else {
+      plan.max_width = std::max(plan.max_width, lv.inner);
+      if (r) {
+        ps_r = {int64_t(plan.weights.size()), r->shape[1], r->shape[2], r->shape[0], true};
+        plan.weights.resize(plan.weights.size() + size_t(r->numel()));
+      }
+      if (le) {
+        ps_l = {int64_t(plan.weights.size()), le->shape[1], le->shape[2], le->shape[0], false};
+        plan.weights.resize(plan.weights.size() + size_t(le->numel()));
+      }
+    }
+    plan.stages.push_back(ps_r);
+    plan.stages.push_back(ps_l);
+  }
+  for (size_t l = 0; l < spec.levels.size(); ++l) {
+    const StructuredLevel& lv = spec.levels[l];
+    const PlanStage& ps_r = plan.stages[2 * l];
+    const PlanStage& ps_l = plan.stages[2 * l + 1];
+    StructuredLevelParams lp;
+    if (plan.product[l]) {
+      const TensorView& R = *level_factors[l].first;
+      const TensorView& L = *level_factors[l].second;
+      std::vector<float> rf(size_t(R.numel())), lf(size_t(L.numel()));
+      copy_factor(R, rf.data(), 1.f);
+      copy_factor(L, lf.data(), 1.f);
+      const int64_t p = lv.right.blocks, m = R.shape[2];
+      float* w = plan.weights.data() + ps_r.w_off;
+      for (int64_t k = 0; k < p; ++k) {
+        const int64_t ni = chunk_at(spec.in, p, k + 1) - chunk_at(spec.in, p, k);
+        const int64_t no = chunk_at(spec.out, p, k + 1) - chunk_at(spec.out, p, k);
+        const int64_t nm = chunk_at(lv.inner, p, k + 1) - chunk_at(lv.inner, p, k);
+        const float* rk = rf.data() + k * R.shape[1] * m;
+        const float* lk = lf.data() + k * L.shape[1] * m;
+        float* wk = w + k * ps_r.rows * ps_r.cols;
+        for (int64_t i = 0; i < ni; ++i)
+          for (int64_t o = 0; o < no; ++o) {
+            double acc = 0;
+            for (int64_t j = 0; j < nm; ++j) acc += double(rk[i * m + j]) * double(lk[o * m + j]);
+            wk[i * ps_r.cols + o] = float(lv.alpha * acc);
+          }
+      }
+      lp.right = stage_params(lv.right, spec.in, spec.out, w, ps_r.rows, ps_r.cols, true);
+      lp.left.n_in = lp.left.n_out = spec.out;  // identity
+    } else {
+      if (level_factors[l].first) copy_factor(*level_factors[l].first, plan.weights.data() + ps_r.w_off, 1.f);
+      if (level_factors[l].second) copy_factor(*level_factors[l].second, plan.weights.data() + ps_l.w_off, 1.f);
+      lp.right = stage_params(lv.right, spec.in, lv.inner,
+                              ps_r.w_off >= 0 ? plan.weights.data() + ps_r.w_off : nullptr, ps_r.rows, ps_r.cols, true);
+      lp.left = stage_params(lv.left, lv.inner, spec.out,
+                             ps_l.w_off >= 0 ? plan.weights.data() + ps_l.w_off : nullptr, ps_l.rows, ps_l.cols, false);
+      lp.alpha = float(lv.alpha);
+      if (!lv.inner_perm.empty()) lp.inner_perm = lv.inner_perm.data();
+    }
+    if (!lv.out_perm.empty()) lp.out_perm = lv.out_perm.data();
+    plan.levels.push_back(lp);
+  }
+  return plan;
+}
+
+StructuredParams make_params(const StructuredSpec& spec, const TensorView& x, const Plan& plan) {
+  StructuredParams p;
+  p.dtype = x.dtype;
+  p.rows = x.shape[0];
+  p.in = spec.in;
+  p.out = spec.out;
+  p.max_width = plan.max_width;
+  p.x = x.data;
+  p.x_rs = x.stride[0];
+  p.x_cs = x.stride[1];
+  p.num_levels = int(plan.levels.size());
+  p.levels = plan.levels.data();
+  return p;
+}
+
+// Writes a fp32 accumulator (contiguous, the factor's logical shape) to a factor-shaped view.
+void write_factor(const float* src, const TensorView& t) {
+  int64_t idx[3];
+  int64_t n = 0;
+  for (idx[0] = 0; idx[0] < t.shape[0]; ++idx[0])
+    for (idx[1] = 0; idx[1] < t.shape[1]; ++idx[1])
+      for (idx[2] = 0; idx[2] < t.shape[2]; ++idx[2]) {
+        const int64_t off = idx[0] * t.stride[0] + idx[1] * t.stride[1] + idx[2] * t.stride[2];
+        const float v = src[n++];
+        if (t.dtype == DType::f32) {
+          static_cast<float*>(t.data)[off] = v;
+        } else {
+          static_cast<uint16_t*>(t.data)[off] = f32_to_bf16(v);
+        }
+      }
+}
+
+}  // namespace
+
+void structured_forward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,
+                        const TensorView& y) {
+  const char* where = "structured_forward";
+  validate(where, spec);
+  check_matrix(where, "x", x, -1, spec.in, "(rows, spec.in)", nullptr);
+  check_matrix(where, "y", y, x.shape[0], spec.out, "(x's rows, spec.out)", &x.dtype);
+  check_factors(where, "factors", spec, factors, nullptr);
+  if (x.shape[0] == 0) return;
+  const Plan plan = make_plan(spec, factors);
+  StructuredParams p = make_params(spec, x, plan);
+  p.y = y.data;
+  p.y_rs = y.stride[0];
+  p.y_cs = y.stride[1];
+  STRATA_ACTIVE_KERNELS(kStructuredKernels).forward(p);
+}
+
+void structured_backward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,
+                         const TensorView& dy, const TensorView& dx, const std::vector<TensorView>& dfactors) {
+  const char* where = "structured_backward";
+  validate(where, spec);
+  check_matrix(where, "x", x, -1, spec.in, "(rows, spec.in)", nullptr);
+  check_factors(where, "factors", spec, factors, nullptr);
+  check_matrix(where, "dy", dy, x.shape[0], spec.out, "(x's rows, spec.out)", &x.dtype);
+  const bool want_dx = given(dx);
+  if (want_dx) check_matrix(where, "dx", dx, x.shape[0], spec.in, "(same as x)", &x.dtype);
+  const bool want_dw = !dfactors.empty();
+  if (want_dw) check_factors(where, "dfactors", spec, dfactors, &factors[0].dtype);
+
+  Plan plan = make_plan(spec, factors);
+  StructuredParams p = make_params(spec, x, plan);
+  p.dy = dy.data;
+  p.dy_rs = dy.stride[0];
+  p.dy_cs = dy.stride[1];
+  if (want_dx) {
+    p.dx = dx.data;
+    p.dx_rs = dx.stride[0];
+    p.dx_cs = dx.stride[1];
+  }
+  // Per-thread gradient accumulators, laid out like plan.weights.
+  const int threads = get_num_threads();
+  std::vector<float> grads;
+  if (want_dw) {
+    p.weight_grads = true;
+    p.grad_stride = int64_t(plan.weights.size());
+    grads.assign(size_t(threads) * plan.weights.size(), 0.f);
+    for (size_t l = 0; l < plan.levels.size(); ++l) {
+      StructuredLevelParams& lp = plan.levels[l];
+      if (lp.right.w) lp.right.dw = grads.data() + plan.stages[2 * l].w_off;
+      if (lp.left.w) lp.left.dw = grads.data() + plan.stages[2 * l + 1].w_off;
+    }
+    p.levels = plan.levels.data();
+  }
+  if (x.shape[0] > 0 && (want_dx || want_dw)) STRATA_ACTIVE_KERNELS(kStructuredKernels).backward(p);
+  if (!want_dw) return;
+  for (int t = 1; t < threads; ++t)
+    for (size_t i = 0; i < plan.weights.size(); ++i) grads[i] += grads[size_t(t) * plan.weights.size() + i];
+
+  size_t fi = 0;
+  for (size_t l = 0; l < spec.levels.size(); ++l) {
+    const StructuredLevel& lv = spec.levels[l];
+    if (!plan.product[l]) {
+      if (lv.right.kind != StageKind::identity) {
+        write_factor(grads.data() + plan.stages[2 * l].w_off, dfactors[fi]);
+        ++fi;
+      }
+      if (lv.left.kind != StageKind::identity) {
+        write_factor(grads.data() + plan.stages[2 * l + 1].w_off, dfactors[fi]);
+        ++fi;
+      }
+      continue;
+    }
+    // Multiplied out: dW_k (in_k x out_k) -> dR_k = alpha dW_k L_k, dL_k = alpha dW_k^T R_k.
+    const TensorView& R = factors[fi];
+    const TensorView& L = factors[fi + 1];
+    std::vector<float> rf(size_t(R.numel())), lf(size_t(L.numel())), dr(rf.size(), 0.f), dl(lf.size(), 0.f);
+    copy_factor(R, rf.data(), 1.f);
+    copy_factor(L, lf.data(), 1.f);
+    const PlanStage& ps = plan.stages[2 * l];
+    const int64_t p_blocks = lv.right.blocks, m = R.shape[2];
+    for (int64_t k = 0; k < p_blocks; ++k) {
+      const int64_t ni = chunk_at(spec.in, p_blocks, k + 1) - chunk_at(spec.in, p_blocks, k);
+      const int64_t no = chunk_at(spec.out, p_blocks, k + 1) - chunk_at(spec.out, p_blocks, k);
+      const int64_t nm = chunk_at(lv.inner, p_blocks, k + 1) - chunk_at(lv.inner, p_blocks, k);
+      const float* dw = grads.data() + ps.w_off + k * ps.rows * ps.cols;
+      const float* rk = rf.data() + k * R.shape[1] * m;
+      const float* lk = lf.data() + k * L.shape[1] * m;
+      float* drk = dr.data() + k * R.shape[1] * m;
+      float* dlk = dl.data() + k * L.shape[1] * m;
+      for (int64_t i = 0; i < ni; ++i)
+        for (int64_t o = 0; o < no; ++o) {
+          const float g = float(lv.alpha) * dw[i * ps.cols + o];
+          for (int64_t j = 0; j < nm; ++j) {
+            drk[i * m + j] += g * lk[o * m + j];
+            dlk[o * m + j] += g * rk[i * m + j];
+          }
+        }
+    }
+    write_factor(dr.data(), dfactors[fi]);
+    write_factor(dl.data(), dfactors[fi + 1]);
+    fi += 2;
+  }
+}
+
+void structured_to_dense(const StructuredSpec& spec, const std::vector<TensorView>& factors, const TensorView& m) {
+  const char* where = "structured_to_dense";
+  validate(where, spec);
+  STRATA_CHECK_ARG(m.ndim == 2 && m.shape[0] == spec.out && m.shape[1] == spec.in, where, "m",
+                   detail::cat("shape [", spec.out, ", ", spec.in, "] (spec.out, spec.in)"), m.shape_str());
+  STRATA_CHECK_ARG(m.dtype == DType::f32 || m.dtype == DType::f64, where, "m", "dtype float32 or float64",
+                   dtype_name(m.dtype));
+  STRATA_CHECK_ARG(m.data != nullptr, where, "m", "a non-null data pointer", "null");
+  // float64 factors only through the double reference (m float64)
+  check_factors(where, "factors", spec, factors, nullptr, m.dtype == DType::f64 ? kReferenceDTypes : kKernelDTypes);
+  // M^T = I M^T: the operator applied to the identity's rows (fp32 kernel or double reference).
+  std::vector<float> eye(size_t(spec.in * spec.in), 0.f);
+  for (int64_t i = 0; i < spec.in; ++i) eye[size_t(i * spec.in + i)] = 1.f;
+  const TensorView xi(eye.data(), DType::f32, {spec.in, spec.in});
+  std::vector<double> mt(size_t(spec.in * spec.out));
+  if (m.dtype == DType::f64) {
+    reference::structured_forward(spec, xi, factors, mt.data());
+  } else {
+    std::vector<float> yt(mt.size());
+    structured_forward(spec, xi, factors, TensorView(yt.data(), DType::f32, {spec.in, spec.out}));
+    std::copy(yt.begin(), yt.end(), mt.begin());
+  }
+  for (int64_t o = 0; o < spec.out; ++o)
+    for (int64_t i = 0; i < spec.in; ++i) {
+      const double v = mt[size_t(i * spec.out + o)];
+      const int64_t off = o * m.stride[0] + i * m.stride[1];
+      if (m.dtype == DType::f64) {
+        static_cast<double*>(m.data)[off] = v;
+      } else {
+        static_cast<float*>(m.data)[off] = float(v);
+      }
+    }
+}
+
+}  // namespace strata

@@ -1,0 +1,60 @@
+// src/cpu/structured_params.h: the POD parameter struct of the structured-operator kernels
+// (strata/structured.h). Filled by src/cpu/structured.cpp after validation, with the factors
+// already converted to contiguous fp32 (they are small next to rows x width); read by every ISA
+// variant of src/cpu/kernels/structured.inc.
+#pragma once
+#include <cstdint>
+
+#include "core/dispatch.h"
+#include "cpu/attention_params.h"  // Strided4 (core/rows.inc reads it)
+#include "strata/tensor.h"
+
+namespace strata::cpu {
+
+// One block-diagonal stage, width n_in -> n_out, in `blocks` chunks (floor(k n / p) boundaries).
+// Block k's weight: w + (shared ? 0 : k * w_bs); its entry for chunk input i and chunk output o
+// at i * w_is + o * w_os (a right stage stores R_k with rows = inputs: w_is = cols, w_os = 1; a
+// left stage stores L_k with rows = outputs: w_is = 1, w_os = cols). identity: w == nullptr and
+// n_in == n_out.
+struct StageParams {
+  int64_t n_in = 0, n_out = 0, blocks = 1;
+  bool shared = false;
+  const float* w = nullptr;
+  int64_t w_bs = 0, w_is = 0, w_os = 0;
+  float* dw = nullptr;  // backward: this stage's gradient accumulator, same layout as w (fp32, zeroed)
+};
+
+struct StructuredLevelParams {
+  StageParams right, left;              // in -> inner, inner -> out
+  const int64_t* inner_perm = nullptr;  // inner, or null (identity)
+  const int64_t* out_perm = nullptr;    // out, or null (identity)
+  float alpha = 1.f;
+};
+
+struct StructuredParams {
+  DType dtype = DType::f32;  // of x, y, dy, dx
+  int64_t rows = 0, in = 0, out = 0, max_width = 0;  // max_width: max(in, out, every inner)
+  const void* x = nullptr;   // rows x in
+  int64_t x_rs = 0, x_cs = 0;
+  void* y = nullptr;         // rows x out (forward)
+  int64_t y_rs = 0, y_cs = 0;
+  const void* dy = nullptr;  // rows x out (backward)
+  int64_t dy_rs = 0, dy_cs = 0;
+  void* dx = nullptr;        // rows x in (backward, optional)
+  int64_t dx_rs = 0, dx_cs = 0;
+  int num_levels = 0;
+  const StructuredLevelParams* levels = nullptr;
+  // backward: per-thread factor-gradient accumulators are the levels' dw pointers offset by
+  // tid * grad_stride floats (the entry point zeroes num_threads * grad_stride floats and sums).
+  int64_t grad_stride = 0;
+  bool weight_grads = false;
+};
+
+// The family's entry points, one table per ISA (src/cpu/kernels/structured.inc defines it).
+struct StructuredKernels {
+  void (*forward)(const StructuredParams& p);
+  void (*backward)(const StructuredParams& p);
+};
+STRATA_PER_ISA(extern const StructuredKernels kStructuredKernels;)
+
+}  // namespace strata::cpu
