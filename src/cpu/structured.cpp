@@ -379,17 +379,21 @@ struct Plan {
   int64_t max_width = 0;
 };
 
-// Copies a 3-D factor view (any strides, f32 / bf16) into dst (contiguous fp32, scaled).
-void copy_factor(const TensorView& t, float* dst, float mul) {
-  int64_t idx[3];
+// Calls fn(offset in t's elements, n) for each entry of a 3-D view in row-major order (n: its index).
+template <class F>
+void for_each_entry(const TensorView& t, F fn) {
   int64_t n = 0;
-  for (idx[0] = 0; idx[0] < t.shape[0]; ++idx[0])
-    for (idx[1] = 0; idx[1] < t.shape[1]; ++idx[1])
-      for (idx[2] = 0; idx[2] < t.shape[2]; ++idx[2]) {
-        const int64_t off = idx[0] * t.stride[0] + idx[1] * t.stride[1] + idx[2] * t.stride[2];
-        dst[n++] = mul * (t.dtype == DType::f32 ? static_cast<const float*>(t.data)[off]
-                                                : bf16_to_f32(static_cast<const uint16_t*>(t.data)[off]));
-      }
+  for (int64_t a = 0; a < t.shape[0]; ++a)
+    for (int64_t b = 0; b < t.shape[1]; ++b)
+      for (int64_t c = 0; c < t.shape[2]; ++c) fn(a * t.stride[0] + b * t.stride[1] + c * t.stride[2], n++);
+}
+
+// Copies a 3-D factor view (any strides, f32 / bf16) into dst (contiguous fp32).
+void copy_factor(const TensorView& t, float* dst) {
+  for_each_entry(t, [&](int64_t off, int64_t n) {
+    dst[n] = t.dtype == DType::f32 ? static_cast<const float*>(t.data)[off]
+                                   : bf16_to_f32(static_cast<const uint16_t*>(t.data)[off]);
+  });
 }
 
 StageParams stage_params(const StructuredStage& s, int64_t n_in, int64_t n_out, const float* w, int64_t rows,
@@ -448,8 +452,8 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
       const TensorView& R = *level_factors[l].first;
       const TensorView& L = *level_factors[l].second;
       std::vector<float> rf(size_t(R.numel())), lf(size_t(L.numel()));
-      copy_factor(R, rf.data(), 1.f);
-      copy_factor(L, lf.data(), 1.f);
+      copy_factor(R, rf.data());
+      copy_factor(L, lf.data());
       const int64_t p = lv.right.blocks, m = R.shape[2];
       float* w = plan.weights.data() + ps_r.w_off;
       for (int64_t k = 0; k < p; ++k) {
@@ -469,8 +473,8 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
       lp.right = stage_params(lv.right, spec.in, spec.out, w, ps_r.rows, ps_r.cols, true);
       lp.left.n_in = lp.left.n_out = spec.out;  // identity
     } else {
-      if (level_factors[l].first) copy_factor(*level_factors[l].first, plan.weights.data() + ps_r.w_off, 1.f);
-      if (level_factors[l].second) copy_factor(*level_factors[l].second, plan.weights.data() + ps_l.w_off, 1.f);
+      if (level_factors[l].first) copy_factor(*level_factors[l].first, plan.weights.data() + ps_r.w_off);
+      if (level_factors[l].second) copy_factor(*level_factors[l].second, plan.weights.data() + ps_l.w_off);
       lp.right = stage_params(lv.right, spec.in, lv.inner,
                               ps_r.w_off >= 0 ? plan.weights.data() + ps_r.w_off : nullptr, ps_r.rows, ps_r.cols, true);
       lp.left = stage_params(lv.left, lv.inner, spec.out,
@@ -501,19 +505,13 @@ StructuredParams make_params(const StructuredSpec& spec, const TensorView& x, co
 
 // Writes a fp32 accumulator (contiguous, the factor's logical shape) to a factor-shaped view.
 void write_factor(const float* src, const TensorView& t) {
-  int64_t idx[3];
-  int64_t n = 0;
-  for (idx[0] = 0; idx[0] < t.shape[0]; ++idx[0])
-    for (idx[1] = 0; idx[1] < t.shape[1]; ++idx[1])
-      for (idx[2] = 0; idx[2] < t.shape[2]; ++idx[2]) {
-        const int64_t off = idx[0] * t.stride[0] + idx[1] * t.stride[1] + idx[2] * t.stride[2];
-        const float v = src[n++];
-        if (t.dtype == DType::f32) {
-          static_cast<float*>(t.data)[off] = v;
-        } else {
-          static_cast<uint16_t*>(t.data)[off] = f32_to_bf16(v);
-        }
-      }
+  for_each_entry(t, [&](int64_t off, int64_t n) {
+    if (t.dtype == DType::f32) {
+      static_cast<float*>(t.data)[off] = src[n];
+    } else {
+      static_cast<uint16_t*>(t.data)[off] = f32_to_bf16(src[n]);
+    }
+  });
 }
 
 }  // namespace
@@ -593,8 +591,8 @@ void structured_backward(const StructuredSpec& spec, const TensorView& x, const 
     const TensorView& R = factors[fi];
     const TensorView& L = factors[fi + 1];
     std::vector<float> rf(size_t(R.numel())), lf(size_t(L.numel())), dr(rf.size(), 0.f), dl(lf.size(), 0.f);
-    copy_factor(R, rf.data(), 1.f);
-    copy_factor(L, lf.data(), 1.f);
+    copy_factor(R, rf.data());
+    copy_factor(L, lf.data());
     const PlanStage& ps = plan.stages[2 * l];
     const int64_t p_blocks = lv.right.blocks, m = R.shape[2];
     for (int64_t k = 0; k < p_blocks; ++k) {
