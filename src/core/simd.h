@@ -157,13 +157,16 @@ constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 ymm
 constexpr int kMR = 4, kNV = 4;
 #endif
 
-// Transposes one W x W tile: dst[c * ldd + r] = src[r * lds + c] for r, c < VF::W (in registers).
+// Transposes one W x W tile: dst[c * ldd + r] = row(r)[c] for r, c < VF::W (in registers), the W
+// source rows given by row(r) (a pointer each: rows in any order, e.g. through a permutation).
+// vtranspose below is the case of rows lds apart.
 // (AVX-512: the maskz forms with a full mask are the same instructions; the plain forms pass
 // _mm512_undefined_ps(), which GCC 12 flags as uninitialised under -Werror.)
 #if STRATA_ISA_LEVEL == 2
-inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {
+template <class Row>
+inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(row(i));
   for (int i = 0; i < 16; i += 2) {  // interleave row pairs (32-bit)
     t[i] = _mm512_maskz_unpacklo_ps(0xffff, r[i], r[i + 1]);
     t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[i], r[i + 1]);
@@ -186,9 +189,10 @@ inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 #elif STRATA_ISA_LEVEL == 1
-inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {
+template <class Row>
+inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
   __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(row(i));
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -206,5 +210,9 @@ inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {
   for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
 }
 #else
-inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) { dst[0] = src[0]; (void)lds; (void)ldd; }
+template <class Row>
+inline void vtranspose_rows(Row row, float* dst, int64_t ldd) { dst[0] = row(0)[0]; (void)ldd; }
 #endif
+inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  vtranspose_rows([src, lds](int i) { return src + i * lds; }, dst, ldd);
+}

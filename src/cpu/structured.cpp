@@ -373,7 +373,7 @@ struct PlanStage {
 struct Plan {
   std::vector<float> weights;
   std::vector<StructuredLevelParams> levels;
-  std::vector<std::vector<int64_t>> perms;  // keeps the levels' perm arrays alive
+  std::vector<std::vector<int64_t>> in_rows;  // the left stages' in_row arrays (reserved: never moves)
   std::vector<PlanStage> stages;            // per level: right, left
   std::vector<bool> product;                // per level: multiplied out
   int64_t max_width = 0;
@@ -411,8 +411,29 @@ StageParams stage_params(const StructuredStage& s, int64_t n_in, int64_t n_out, 
   return p;
 }
 
+// When every left chunk of the level reads inner rows perm[i0] + j * stride (one stride for all
+// chunks; a reshape-transpose does): the chunks' first rows, and the stride in *stride. Else empty.
+std::vector<int64_t> strided_chunks(const StructuredLevel& lv, int64_t* stride) {
+  const StructuredStage& s = lv.left;
+  if (lv.inner_perm.empty() || lv.alpha != 1.0 || s.kind == StageKind::identity) return {};
+  std::vector<int64_t> first;
+  int64_t st = 0;
+  for (int64_t k = 0; k < s.blocks; ++k) {
+    const int64_t i0 = chunk_at(lv.inner, s.blocks, k), i1 = chunk_at(lv.inner, s.blocks, k + 1);
+    first.push_back(lv.inner_perm[size_t(i0)]);
+    for (int64_t i = i0 + 1; i < i1; ++i) {
+      const int64_t d = lv.inner_perm[size_t(i)] - lv.inner_perm[size_t(i - 1)];
+      if (st == 0) st = d;
+      if (d != st || d <= 0) return {};
+    }
+  }
+  *stride = st == 0 ? 1 : st;
+  return first;
+}
+
 Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factors) {
   Plan plan;
+  plan.in_rows.reserve(spec.levels.size());
   plan.product = structured_plan(spec);
   plan.max_width = std::max(spec.in, spec.out);
   size_t fi = 0;
@@ -481,6 +502,13 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
                              ps_l.w_off >= 0 ? plan.weights.data() + ps_l.w_off : nullptr, ps_l.rows, ps_l.cols, false);
       lp.alpha = float(lv.alpha);
       if (!lv.inner_perm.empty()) lp.inner_perm = lv.inner_perm.data();
+      int64_t stride = 1;
+      std::vector<int64_t> first = strided_chunks(lv, &stride);
+      if (!first.empty()) {  // the left stage reads the permuted rows in place
+        plan.in_rows.push_back(std::move(first));
+        lp.left.in_row = plan.in_rows.back().data();
+        lp.left.in_stride = stride;
+      }
     }
     if (!lv.out_perm.empty()) lp.out_perm = lv.out_perm.data();
     plan.levels.push_back(lp);

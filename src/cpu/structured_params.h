@@ -22,6 +22,12 @@ struct StageParams {
   const float* w = nullptr;
   int64_t w_bs = 0, w_is = 0, w_os = 0;
   float* dw = nullptr;  // backward: this stage's gradient accumulator, same layout as w (fp32, zeroed)
+  // Input rows read through a strided permutation (null: block k reads rows i0 .. i0 + ni): block k's
+  // input row j is in_row[k] + j * in_stride. Set for a left stage whose level permutes its inner
+  // rows that way (BTT with s = 1, Monarch, Kronecker: reshape-transposes), so the permutation costs
+  // nothing: no gather forward, no scatter backward.
+  const int64_t* in_row = nullptr;
+  int64_t in_stride = 1;
 };
 
 struct StructuredLevelParams {
