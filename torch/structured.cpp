@@ -77,19 +77,25 @@ struct StructuredFunction : public ::torch::autograd::Function<StructuredFunctio
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList factors,
                             const StructuredSpec& spec) {
     std::vector<at::Tensor> f(factors.begin(), factors.end());
-    variable_list saved{x};
+    at::Tensor y, z;  // z: the right stages' outputs, so that the backward does not recompute them
+    if (is_double(x)) {
+      y = reference_forward(spec, x, f);
+    } else {
+      std::tie(y, z) = structured_forward_saving(spec, x, f);
+    }
+    variable_list saved{x, z};
     saved.insert(saved.end(), f.begin(), f.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["spec"] = c10::IValue(encode_spec(spec));
     ctx->saved_data["alpha"] = c10::IValue(spec_alphas(spec));
-    return is_double(x) ? reference_forward(spec, x, f) : structured_forward(spec, x, f);
+    return y;
   }
 
   // grads[0]: d loss / d y. Returns (dx, one gradient per factor, nothing for the spec).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
-    const at::Tensor& x = s[0];
-    const std::vector<at::Tensor> f(s.begin() + 1, s.end());
+    const at::Tensor &x = s[0], &z = s[1];
+    const std::vector<at::Tensor> f(s.begin() + 2, s.end());
     const StructuredSpec spec = decode_spec("structured_linear", ctx->saved_data.at("spec").toIntVector(),
                                             ctx->saved_data.at("alpha").toDoubleVector());
     const bool need_dx = ctx->needs_input_grad(0);
@@ -100,7 +106,7 @@ struct StructuredFunction : public ::torch::autograd::Function<StructuredFunctio
     if (is_double(x)) {
       std::tie(dx, df) = reference_backward(spec, x, f, grads[0]);
     } else {
-      std::tie(dx, df) = structured_backward(spec, x, f, grads[0], need_dx, need_df);
+      std::tie(dx, df) = structured_backward(spec, x, f, grads[0], need_dx, need_df, z);
     }
     variable_list out{dx};
     for (size_t i = 0; i < f.size(); ++i) out.push_back(i < df.size() ? df[i] : at::Tensor());
@@ -166,20 +172,37 @@ StructuredSpec decode_spec(const char* where, const std::vector<int64_t>& v, con
   return s;
 }
 
-at::Tensor structured_forward(const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors) {
-  const char* where = "structured_forward";
+namespace {
+// y, and the saved right-stage outputs when `save`.
+std::tuple<at::Tensor, at::Tensor> forward_impl(const char* where, const StructuredSpec& spec, const at::Tensor& x,
+                                                const std::vector<at::Tensor>& factors, bool save) {
   validate(where, spec);
   const Rows r = rows_of(where, "x", x, spec.in);
   const TensorView xv = view_of(r.t, where, "x", kKernelDTypes);
-  at::Tensor y = at::empty({r.t.size(0), spec.out}, r.t.options());
-  strata::structured_forward(spec, xv, factor_views(where, factors, kKernelDTypes), view_of(y, where, "y"));
-  return y.reshape(with_last(r.lead, spec.out));
+  at::Tensor y = at::empty({r.t.size(0), spec.out}, r.t.options()), saved;
+  TensorView sv;
+  if (save) {
+    saved = at::empty({structured_saved_size(spec, r.t.size(0))}, at::TensorOptions().dtype(at::kFloat));
+    sv = view_of(saved, where, "saved");
+  }
+  strata::structured_forward(spec, xv, factor_views(where, factors, kKernelDTypes), view_of(y, where, "y"), sv);
+  return {y.reshape(with_last(r.lead, spec.out)), saved};
+}
+}  // namespace
+
+at::Tensor structured_forward(const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors) {
+  return std::get<0>(forward_impl("structured_forward", spec, x, factors, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> structured_forward_saving(const StructuredSpec& spec, const at::Tensor& x,
+                                                             const std::vector<at::Tensor>& factors) {
+  return forward_impl("structured_forward", spec, x, factors, true);
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> structured_backward(const StructuredSpec& spec, const at::Tensor& x,
                                                                     const std::vector<at::Tensor>& factors,
                                                                     const at::Tensor& dy, bool input_grad,
-                                                                    bool factor_grads) {
+                                                                    bool factor_grads, const at::Tensor& saved) {
   const char* where = "structured_backward";
   validate(where, spec);
   const Rows r = rows_of(where, "x", x, spec.in), d = rows_of(where, "dy", dy, spec.out);
@@ -201,7 +224,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> structured_backward(const Struct
       df.push_back(at::empty(f.sizes(), f.options()));
       dfv.push_back(view_of(df.back(), where, "dfactors"));
     }
-  strata::structured_backward(spec, xv, factor_views(where, factors, kKernelDTypes), dyv, dxv, dfv);
+  const TensorView sv = saved.defined() ? view_of(saved, where, "saved") : TensorView{};
+  strata::structured_backward(spec, xv, factor_views(where, factors, kKernelDTypes), dyv, dxv, dfv, sv);
   if (dx.defined()) dx = dx.reshape(x.sizes());
   return {dx, df};
 }

@@ -14,8 +14,9 @@
 // what the last timed calls wrote):
 //   fwd  ours = structured_forward; peer = at::mm_out(y, x, W^T) with W = the operator's dense
 //        matrix (structured_to_dense of the same factors): the peer computes the same function
-//   bwd  ours = structured_backward (dx and every factor's gradient); peer = dx = dy W and
-//        dW = dy^T x (two mm_out)
+//   bwd  ours = structured_backward (dx and every factor's gradient) given what a training forward
+//        saved (the right stages' outputs: structured_saved_size floats; what the autograd path
+//        does); peer = dx = dy W and dW = dy^T x (two mm_out)
 // Correctness: fwd: ours' y vs the peer's (same function, fp32 both: 1e-4 normwise). bwd: dx vs the
 // peer's dx (1e-4); the factor gradients in two random directions U: <dfactors, U> must equal
 // <dW, dM(U)> with dM(U) = (M(F + U) - M(F - U)) / 2, exact for M quadratic in the factors (every
@@ -117,6 +118,8 @@ void run_operator(BenchReport& rep, const Operator& op, int64_t N, const TimingP
     at::Tensor dx = at::empty({N, D}), dx_peer = at::empty({N, D}), dW = at::empty({spec.out, D});
     std::vector<at::Tensor> df;
     for (const auto& t : f) df.push_back(at::empty_like(t));
+    const at::Tensor saved = at::empty({structured_saved_size(spec, N)});  // the training forward's
+    if (backward) structured_forward(spec, tv(x, "x"), views(f, "factors"), tv(y, "y"), tv(saved, "saved"));
     std::vector<BenchMethod> fns;
     if (!backward) {
       fns.push_back({"strata.structured", [&] { structured_forward(spec, tv(x, "x"), views(f, "factors"), tv(y, "y")); }});
@@ -124,7 +127,7 @@ void run_operator(BenchReport& rep, const Operator& op, int64_t N, const TimingP
     } else {
       fns.push_back({"strata.structured", [&] {
                        structured_backward(spec, tv(x, "x"), views(f, "factors"), tv(dy, "dy"), tv(dx, "dx"),
-                                           views(df, "dfactors"));
+                                           views(df, "dfactors"), tv(saved, "saved"));
                      }});
       fns.push_back({"torch.matmul", [&] {
                        at::mm_out(dx_peer, dy, W);

@@ -121,13 +121,23 @@ int64_t structured_rank(const StructuredSpec& spec);
 std::vector<bool> structured_plan(const StructuredSpec& spec);
 
 // ---- Kernels (CPU, fp32 math, threads over row tiles) --------------------------------------
-// y = x M^T row by row: x rows x in, y rows x out (x's dtype), factors as listed above.
+// Floats a training forward may save for its backward: every level's right-stage output over the
+// rows, in the kernel's tile layout (0 when no level has a right stage). Saving costs memory (about
+// rows x inner floats per level) and spares the backward recomputing the right stages (for a BTT,
+// 4/5 of the forward's multiply-adds).
+int64_t structured_saved_size(const StructuredSpec& spec, int64_t rows);
+
+// y = x M^T row by row: x rows x in, y rows x out (x's dtype), factors as listed above. saved
+// (optional): a float32 1-D buffer of structured_saved_size(spec, rows) elements, written.
 void structured_forward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,
-                        const TensorView& y);
+                        const TensorView& y, const TensorView& saved = TensorView{});
 // Given dy (rows x out, x's dtype): writes dx (rows x in) when defined and each dfactor (shapes and
 // dtype of the factors) when `dfactors` is not empty. Gradients are written, not accumulated.
+// saved (optional): what structured_forward saved for the same x and factors (not checked: other
+// contents give wrong gradients); without it the right stages are recomputed.
 void structured_backward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,
-                         const TensorView& dy, const TensorView& dx, const std::vector<TensorView>& dfactors);
+                         const TensorView& dy, const TensorView& dx, const std::vector<TensorView>& dfactors,
+                         const TensorView& saved = TensorView{});
 // The dense out x in matrix M (float32 or float64 view `m`, any strides).
 void structured_to_dense(const StructuredSpec& spec, const std::vector<TensorView>& factors, const TensorView& m);
 

@@ -377,7 +377,22 @@ struct Plan {
   std::vector<PlanStage> stages;            // per level: right, left
   std::vector<bool> product;                // per level: multiplied out
   int64_t max_width = 0;
+  int64_t z_tile = 0;                       // floats of one tile's saved right-stage outputs
 };
+
+// The widest activation the kernel holds and each level's right-stage output width (0: identity),
+// given which levels run multiplied out.
+int64_t plan_max_width(const StructuredSpec& spec, const std::vector<bool>& product,
+                       std::vector<int64_t>* right_out) {
+  int64_t w = std::max(spec.in, spec.out);
+  for (size_t l = 0; l < spec.levels.size(); ++l) {
+    const StructuredLevel& lv = spec.levels[l];
+    const int64_t r = product[l] ? spec.out : lv.right.kind == StageKind::identity ? 0 : lv.inner;
+    w = std::max(w, product[l] ? spec.out : lv.inner);
+    if (right_out) right_out->push_back(r);
+  }
+  return w;
+}
 
 // Calls fn(offset in t's elements, n) for each entry of a 3-D view in row-major order (n: its index).
 template <class F>
@@ -435,7 +450,8 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
   Plan plan;
   plan.in_rows.reserve(spec.levels.size());
   plan.product = structured_plan(spec);
-  plan.max_width = std::max(spec.in, spec.out);
+  plan.max_width = plan_max_width(spec, plan.product, nullptr);
+  const int64_t T = cpu::structured_tile_tokens(plan.max_width);
   size_t fi = 0;
   // Weight offsets first (the buffer must not move once pointers are taken).
   std::vector<std::pair<const TensorView*, const TensorView*>> level_factors;
@@ -449,9 +465,7 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
       const int64_t p = lv.right.blocks;
       ps_r = {int64_t(plan.weights.size()), max_chunk(spec.in, p), max_chunk(spec.out, p), p, true};
       plan.weights.resize(plan.weights.size() + size_t(p * ps_r.rows * ps_r.cols), 0.f);
-      plan.max_width = std::max(plan.max_width, spec.out);
     } else {
-      plan.max_width = std::max(plan.max_width, lv.inner);
       if (r) {
         ps_r = {int64_t(plan.weights.size()), r->shape[1], r->shape[2], r->shape[0], true};
         plan.weights.resize(plan.weights.size() + size_t(r->numel()));
@@ -511,6 +525,10 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
       }
     }
     if (!lv.out_perm.empty()) lp.out_perm = lv.out_perm.data();
+    if (lp.right.w) {
+      lp.z_off = plan.z_tile;
+      plan.z_tile += lp.right.n_out * T;
+    }
     plan.levels.push_back(lp);
   }
   return plan;
@@ -528,6 +546,7 @@ StructuredParams make_params(const StructuredSpec& spec, const TensorView& x, co
   p.x_cs = x.stride[1];
   p.num_levels = int(plan.levels.size());
   p.levels = plan.levels.data();
+  p.z_tile = plan.z_tile;
   return p;
 }
 
@@ -542,18 +561,39 @@ void write_factor(const float* src, const TensorView& t) {
   });
 }
 
+// The optional saved buffer: float32, 1-D, structured_saved_size elements.
+void check_saved(const char* where, const TensorView& saved, const StructuredSpec& spec, int64_t rows) {
+  const int64_t n = structured_saved_size(spec, rows);
+  STRATA_CHECK_ARG(saved.ndim == 1 && saved.shape[0] == n && saved.dtype == DType::f32 && (saved.data || n == 0),
+                   where, "saved",
+                   detail::cat("a float32 1-D buffer of structured_saved_size(spec, ", rows, ") = ", n, " elements"),
+                   detail::cat(dtype_name(saved.dtype), " ", saved.shape_str()));
+}
+
 }  // namespace
 
+int64_t structured_saved_size(const StructuredSpec& spec, int64_t rows) {
+  STRATA_CHECK_ARG(rows >= 0, "structured_saved_size", "rows", ">= 0", rows);
+  const std::vector<bool> product = structured_plan(spec);
+  std::vector<int64_t> right_out;
+  const int64_t T = cpu::structured_tile_tokens(plan_max_width(spec, product, &right_out));
+  int64_t per_tile = 0;
+  for (int64_t r : right_out) per_tile += r * T;
+  return (rows + T - 1) / T * per_tile;
+}
+
 void structured_forward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,
-                        const TensorView& y) {
+                        const TensorView& y, const TensorView& saved) {
   const char* where = "structured_forward";
   validate(where, spec);
   check_matrix(where, "x", x, -1, spec.in, "(rows, spec.in)", nullptr);
   check_matrix(where, "y", y, x.shape[0], spec.out, "(x's rows, spec.out)", &x.dtype);
   check_factors(where, "factors", spec, factors, nullptr);
+  if (given(saved)) check_saved(where, saved, spec, x.shape[0]);
   if (x.shape[0] == 0) return;
   const Plan plan = make_plan(spec, factors);
   StructuredParams p = make_params(spec, x, plan);
+  if (given(saved)) p.z_save = static_cast<float*>(saved.data);
   p.y = y.data;
   p.y_rs = y.stride[0];
   p.y_cs = y.stride[1];
@@ -561,7 +601,8 @@ void structured_forward(const StructuredSpec& spec, const TensorView& x, const s
 }
 
 void structured_backward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,
-                         const TensorView& dy, const TensorView& dx, const std::vector<TensorView>& dfactors) {
+                         const TensorView& dy, const TensorView& dx, const std::vector<TensorView>& dfactors,
+                         const TensorView& saved) {
   const char* where = "structured_backward";
   validate(where, spec);
   check_matrix(where, "x", x, -1, spec.in, "(rows, spec.in)", nullptr);
@@ -571,9 +612,11 @@ void structured_backward(const StructuredSpec& spec, const TensorView& x, const 
   if (want_dx) check_matrix(where, "dx", dx, x.shape[0], spec.in, "(same as x)", &x.dtype);
   const bool want_dw = !dfactors.empty();
   if (want_dw) check_factors(where, "dfactors", spec, dfactors, &factors[0].dtype);
+  if (given(saved)) check_saved(where, saved, spec, x.shape[0]);
 
   Plan plan = make_plan(spec, factors);
   StructuredParams p = make_params(spec, x, plan);
+  if (given(saved)) p.z_saved = static_cast<const float*>(saved.data);
   p.dy = dy.data;
   p.dy_rs = dy.stride[0];
   p.dy_cs = dy.stride[1];

@@ -32,6 +32,7 @@ struct StageParams {
 
 struct StructuredLevelParams {
   StageParams right, left;              // in -> inner, inner -> out
+  int64_t z_off = 0;                    // this level's right-stage output in a tile's saved block (floats)
   const int64_t* inner_perm = nullptr;  // inner, or null (identity)
   const int64_t* out_perm = nullptr;    // out, or null (identity)
   float alpha = 1.f;
@@ -54,7 +55,19 @@ struct StructuredParams {
   // tid * grad_stride floats (the entry point zeroes num_threads * grad_stride floats and sums).
   int64_t grad_stride = 0;
   bool weight_grads = false;
+  // Saved right-stage outputs (optional): tile t's block of z_tile floats holds, for each level with
+  // a right stage, its n_out x T output tile at z_off. The forward writes them when z_save is set;
+  // the backward reads z_saved instead of recomputing them.
+  float* z_save = nullptr;
+  const float* z_saved = nullptr;
+  int64_t z_tile = 0;
 };
+
+// Tokens per row tile: small enough that a tile's activations stay in L2 for wide operators. A
+// multiple of every ISA's vector width, and the same for all ISAs (the saved layout depends on it).
+inline int64_t structured_tile_tokens(int64_t max_width) {
+  return max_width <= 1024 ? 64 : max_width <= 2048 ? 32 : 16;
+}
 
 // The family's entry points, one table per ISA (src/cpu/kernels/structured.inc defines it).
 struct StructuredKernels {

@@ -201,6 +201,18 @@ void check_case(const SpecCase& c, int64_t rows, const StorageCase& st, std::mt1
     EXPECT_LT(rel_err(dx.values(), dx_ref), tolerance(st.dtype)) << "dx";
     for (size_t i = 0; i < df.size(); ++i)
       EXPECT_LT(rel_err(df[i].values(), df_ref[i]), tolerance(st.dtype)) << "dfactors[" << i << "]";
+    // The training path: the forward saves the right stages' outputs, the backward reads them.
+    std::vector<float> saved(size_t(structured_saved_size(spec, rows)), NAN);
+    const TensorView sv(saved.data(), DType::f32, {int64_t(saved.size())});
+    Owned y2({rows, spec.out}, st.dtype), dx2({rows, spec.in}, st.dtype);
+    structured_forward(spec, x.view, fv, y2.view, sv);
+    EXPECT_EQ(y2.values(), y.values()) << "y with saving";
+    std::vector<Owned> df2;
+    for (const auto& s : structured_factor_shapes(spec)) df2.emplace_back(s, st.dtype);
+    structured_backward(spec, x.view, fv, dy.view, dx2.view, views(df2), sv);
+    EXPECT_LT(rel_err(dx2.values(), dx_ref), tolerance(st.dtype)) << "dx from saved";
+    for (size_t i = 0; i < df2.size(); ++i)
+      EXPECT_LT(rel_err(df2[i].values(), df_ref[i]), tolerance(st.dtype)) << "dfactors[" << i << "] from saved";
   }
   test::restore_best_isa();
 }
@@ -502,6 +514,9 @@ TEST(Structured, BadInputNamesTheArgument) {
   expect_error([&] { structured_forward(spec, x64.view, views(f), y.view); }, {"'x'", "float32 or bfloat16", "float64"});
   expect_error([&] { structured_backward(spec, x.view, views(f), ybad.view, TensorView{}, {}); },
                {"structured_backward", "'dy'"});
+  std::vector<float> small(3);
+  expect_error([&] { structured_forward(spec, x.view, views(f), y.view, TensorView(small.data(), DType::f32, {3})); },
+               {"'saved'", "a float32 1-D buffer of structured_saved_size(spec, 3) = "});
   Owned m({16, 15}, DType::f32);
   expect_error([&] { structured_to_dense(spec, views(f), m.view); }, {"structured_to_dense", "'m'", "[16, 16]"});
 }

@@ -34,12 +34,18 @@ StructuredSpec decode_spec(const char* where, const std::vector<int64_t>& ints, 
 
 // y = x M^T (CPU kernel; float32 / bfloat16).
 at::Tensor structured_forward(const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors);
+// The training forward: (y, saved), saved = the right stages' outputs for structured_backward
+// (float32, strata::structured_saved_size elements; empty when no level has a right stage).
+std::tuple<at::Tensor, at::Tensor> structured_forward_saving(const StructuredSpec& spec, const at::Tensor& x,
+                                                             const std::vector<at::Tensor>& factors);
 // (dx, dfactors) for dy (x's shape with out): dx undefined unless input_grad, dfactors empty
-// unless factor_grads.
+// unless factor_grads. saved: from structured_forward_saving on the same x and factors, or
+// undefined (the right stages are recomputed).
 std::tuple<at::Tensor, std::vector<at::Tensor>> structured_backward(const StructuredSpec& spec, const at::Tensor& x,
                                                                     const std::vector<at::Tensor>& factors,
                                                                     const at::Tensor& dy, bool input_grad = true,
-                                                                    bool factor_grads = true);
+                                                                    bool factor_grads = true,
+                                                                    const at::Tensor& saved = at::Tensor());
 // Differentiable y = x M^T (autograd Function over the kernels; float64: the double reference,
 // once differentiable).
 at::Tensor structured_linear(const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors);
