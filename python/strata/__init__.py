@@ -74,6 +74,13 @@ __all__ = [
     "SoftmaxAttention",
     "PerformerAttention",
     "NystromAttention",
+    # bilinear BTT / MLR scoring (strata.bilinear) and muP training support (strata.mup)
+    "BilinearBTTAttention",
+    "BilinearMLRAttention",
+    "btt_factorize",
+    "btt_key_transform",
+    "block_diag_transform",
+    "mup",
 ]
 
 _LIB_NAME = "libstrata_torch.so"
@@ -238,4 +245,14 @@ from .baselines import (  # noqa: E402
     performer_attention,
     performer_attention_flops,
     softmax_attention_flops,
+)
+# Bilinear BTT / MLR scoring (strata.bilinear, over torch.ops.strata.bilinear_*) and muP training
+# support (strata.mup: roles, init, parameter groups, AdamW, the RMS cap).
+from . import mup  # noqa: E402
+from .bilinear import (  # noqa: E402
+    BilinearBTTAttention,
+    BilinearMLRAttention,
+    block_diag_transform,
+    btt_factorize,
+    btt_key_transform,
 )
