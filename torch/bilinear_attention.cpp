@@ -22,11 +22,10 @@ std::string describe(const at::Tensor& t) {
 }
 
 // t must be a floating tensor of x's dtype and device with sizes `want`.
-void check_weight(const char* where, const char* arg, const at::Tensor& t, const at::Tensor& x,
-                  at::IntArrayRef want, const std::string& why = "") {
+void check_weight(const char* where, const char* arg, const at::Tensor& t, const at::Tensor& x, at::IntArrayRef want,
+                  const std::string& why = "") {
   STRATA_CHECK_ARG(t.defined() && t.sizes() == want && t.scalar_type() == x.scalar_type() && t.device() == x.device(),
-                   where, arg,
-                   cat(binding::torch_dtype_name(x), " on ", x.device(), " (x's) of shape ", want, why),
+                   where, arg, cat(binding::torch_dtype_name(x), " on ", x.device(), " (x's) of shape ", want, why),
                    t.defined() ? cat(describe(t), " on ", t.device()) : describe(t));
 }
 // As check_weight for a tensor that may be absent (undefined).
@@ -37,12 +36,12 @@ void check_optional_weight(const char* where, const char* arg, const at::Tensor&
 
 // x: a floating tensor of at least `min_dim` dims whose last is `width` (width < 0: any).
 void check_input(const char* where, const at::Tensor& x, int64_t min_dim, int64_t width = -1) {
-  STRATA_CHECK_ARG(x.defined() && x.dim() >= min_dim && at::isFloatingType(x.scalar_type()) &&
-                       (width < 0 || x.size(-1) == width),
-                   where, "x",
-                   cat("a floating tensor of ", min_dim == 3 ? "3 dims (batch, seq, D)" : "at least 1 dim",
-                       width >= 0 ? cat(" with last dim ", width) : std::string()),
-                   x.defined() ? cat(x.dim(), "-D ", describe(x)) : describe(x));
+  STRATA_CHECK_ARG(
+      x.defined() && x.dim() >= min_dim && at::isFloatingType(x.scalar_type()) && (width < 0 || x.size(-1) == width),
+      where, "x",
+      cat("a floating tensor of ", min_dim == 3 ? "3 dims (batch, seq, D)" : "at least 1 dim",
+          width >= 0 ? cat(" with last dim ", width) : std::string()),
+      x.defined() ? cat(x.dim(), "-D ", describe(x)) : describe(x));
 }
 
 // The rows of x as a matrix: the product of all dims but the last.
@@ -69,16 +68,18 @@ BttDims btt_dims(const char* where, const at::Tensor& w_k, const at::Tensor& w_q
   STRATA_CHECK_ARG(w_k.defined() && w_k.dim() == 3 && w_k.size(0) >= 1 && w_k.size(1) >= 1, where, "w_k",
                    "a 3-D tensor c x d x (heads*b*s), c, d >= 1", describe(w_k));
   const int64_t c = w_k.size(0), d = w_k.size(1);
-  STRATA_CHECK_ARG(w_q.defined() && w_q.dim() == 3 && w_q.size(0) >= 1 && w_q.size(0) % heads == 0 &&
-                       w_q.size(1) >= 1 && w_q.size(2) >= 1 && w_q.size(2) % c == 0,
-                   where, "w_q",
-                   cat("a 3-D tensor (heads*b) x a x (c*s) with heads = ", heads, ", c = w_k.size(0) = ", c,
-                       ", a, b, s >= 1"),
-                   describe(w_q));
+  STRATA_CHECK_ARG(
+      w_q.defined() && w_q.dim() == 3 && w_q.size(0) >= 1 && w_q.size(0) % heads == 0 && w_q.size(1) >= 1 &&
+          w_q.size(2) >= 1 && w_q.size(2) % c == 0,
+      where, "w_q",
+      cat("a 3-D tensor (heads*b) x a x (c*s) with heads = ", heads, ", c = w_k.size(0) = ", c, ", a, b, s >= 1"),
+      describe(w_q));
   const int64_t b = w_q.size(0) / heads, a = w_q.size(1), s = w_q.size(2) / c;
   STRATA_CHECK_ARG(w_k.size(2) == heads * b * s && w_k.scalar_type() == w_q.scalar_type(), where, "w_k",
-                   cat("dim 2 = heads*b*s = ", heads * b * s, " (b = w_q.size(0) / heads, s = w_q.size(2) / c) and "
-                       "w_q's dtype ", binding::torch_dtype_name(w_q)),
+                   cat("dim 2 = heads*b*s = ", heads * b * s,
+                       " (b = w_q.size(0) / heads, s = w_q.size(2) / c) and "
+                       "w_q's dtype ",
+                       binding::torch_dtype_name(w_q)),
                    describe(w_k));
   return {a, b, c, d, s};
 }
@@ -111,7 +112,9 @@ void check_logit_scale(const char* where, const std::string& logit_scale) {
 
 }  // namespace
 
-BttShape btt_factorize(int64_t dim, const std::string& rule) { return factorize("btt_factorize", "dim", "rule", dim, rule); }
+BttShape btt_factorize(int64_t dim, const std::string& rule) {
+  return factorize("btt_factorize", "dim", "rule", dim, rule);
+}
 
 at::Tensor btt_key_transform(const at::Tensor& x, const at::Tensor& w_k, const at::Tensor& w_q, int64_t heads) {
   const char* where = "btt_key_transform";
@@ -134,10 +137,9 @@ at::Tensor btt_key_transform(const at::Tensor& x, const at::Tensor& w_k, const a
 at::Tensor block_diag_transform(const at::Tensor& x, const at::Tensor& w, int64_t heads) {
   const char* where = "block_diag_transform";
   STRATA_CHECK_ARG(heads >= 1, where, "heads", ">= 1", heads);
-  STRATA_CHECK_ARG(w.defined() && w.dim() == 3 && w.size(0) >= 1 && w.size(1) >= 1 && w.size(2) >= 1 &&
-                       w.size(2) % heads == 0,
-                   where, "w", cat("a 3-D tensor p x m x (heads*r) with heads = ", heads, ", p, m, r >= 1"),
-                   describe(w));
+  STRATA_CHECK_ARG(
+      w.defined() && w.dim() == 3 && w.size(0) >= 1 && w.size(1) >= 1 && w.size(2) >= 1 && w.size(2) % heads == 0,
+      where, "w", cat("a 3-D tensor p x m x (heads*r) with heads = ", heads, ", p, m, r >= 1"), describe(w));
   const int64_t p = w.size(0), m = w.size(1), r = w.size(2) / heads;
   check_input(where, x, 1, p * m);
   STRATA_CHECK_ARG(w.scalar_type() == x.scalar_type() && w.device() == x.device(), where, "w",
@@ -206,7 +208,7 @@ at::Tensor bilinear_btt_attention(const at::Tensor& x, const BilinearBTTWeights&
   const at::Tensor w_k = rms_cap_on ? rms_cap(w.w_k, d, H * b * s) : w.w_k;
   const at::Tensor w_q = rms_cap_on ? rms_cap(w.w_q, c * s, a) : w.w_q;
   const at::Tensor keys = at::layer_norm(btt_key_transform(h, w_k, w_q, H), {D}, w.key_norm_weight, w.key_norm_bias,
-                                         1e-5);                                  // B x T x H x D
+                                         1e-5);                                     // B x T x H x D
   const at::Tensor v = at::linear(h, w.v_weight, w.v_bias).view({B, T, H, D / H});  // B x T x H x D/H
   // The logit scale goes into the shared query (B x T x D, once) rather than to the op, which
   // keeps its scale in float32: so float64 stays exact.
@@ -328,8 +330,16 @@ void BilinearBTTAttentionImpl::pretty_print(std::ostream& stream) const {
 }
 
 BilinearBTTWeights BilinearBTTAttentionImpl::weights() const {
-  return {w_k, w_q, key_norm_weight, key_norm_bias, x_norm_weight, x_norm_bias,
-          v_proj->weight, v_proj->bias, out_proj->weight, out_proj->bias};
+  return {w_k,
+          w_q,
+          key_norm_weight,
+          key_norm_bias,
+          x_norm_weight,
+          x_norm_bias,
+          v_proj->weight,
+          v_proj->bias,
+          out_proj->weight,
+          out_proj->bias};
 }
 
 // x: batch x T x embed_dim, checked here so that a wrong width is named as x's.
@@ -425,8 +435,16 @@ void BilinearMLRAttentionImpl::pretty_print(std::ostream& stream) const {
 }
 
 BilinearMLRWeights BilinearMLRAttentionImpl::weights() const {
-  return {w_q,           w_k,         q_norm_weight,    q_norm_bias,     k_norm_weight,
-          k_norm_bias,   v_proj->weight, v_proj->bias, out_proj->weight, out_proj->bias};
+  return {w_q,
+          w_k,
+          q_norm_weight,
+          q_norm_bias,
+          k_norm_weight,
+          k_norm_bias,
+          v_proj->weight,
+          v_proj->bias,
+          out_proj->weight,
+          out_proj->bias};
 }
 
 at::Tensor BilinearMLRAttentionImpl::forward(const at::Tensor& x) {

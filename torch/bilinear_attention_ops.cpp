@@ -44,9 +44,16 @@ at::Tensor bilinear_btt_attention_op(const at::Tensor& x, const at::Tensor& w_k,
                                      const std::optional<at::Tensor>& out_bias, int64_t num_heads,
                                      c10::string_view logit_scale, bool causal, bool rms_cap) {
   return rethrow_as_c10([&] {
-    const BilinearBTTWeights w{w_k,         w_q,        key_norm_weight,    or_undefined(key_norm_bias),
-                               or_undefined(x_norm_weight), or_undefined(x_norm_bias), v_weight,
-                               or_undefined(v_bias),        out_weight, or_undefined(out_bias)};
+    const BilinearBTTWeights w{w_k,
+                               w_q,
+                               key_norm_weight,
+                               or_undefined(key_norm_bias),
+                               or_undefined(x_norm_weight),
+                               or_undefined(x_norm_bias),
+                               v_weight,
+                               or_undefined(v_bias),
+                               out_weight,
+                               or_undefined(out_bias)};
     return bilinear_btt_attention(x, w, num_heads, std::string(logit_scale), causal, rms_cap);
   });
 }
@@ -59,9 +66,9 @@ at::Tensor bilinear_mlr_attention_op(const at::Tensor& x, at::TensorList w_q, at
                                      int64_t num_heads, c10::string_view logit_scale, bool divide_by_num_levels,
                                      bool causal, bool rms_cap) {
   return rethrow_as_c10([&] {
-    const BilinearMLRWeights w{w_q.vec(),           w_k.vec(),           q_norm_weight.vec(), q_norm_bias.vec(),
-                               k_norm_weight.vec(), k_norm_bias.vec(),   v_weight,            or_undefined(v_bias),
-                               out_weight,          or_undefined(out_bias)};
+    const BilinearMLRWeights w{
+        w_q.vec(),         w_k.vec(), q_norm_weight.vec(),  q_norm_bias.vec(), k_norm_weight.vec(),
+        k_norm_bias.vec(), v_weight,  or_undefined(v_bias), out_weight,        or_undefined(out_bias)};
     return bilinear_mlr_attention(x, w, num_heads, std::string(logit_scale), divide_by_num_levels, causal, rms_cap);
   });
 }

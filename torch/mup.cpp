@@ -6,8 +6,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -20,22 +20,32 @@ using binding::cat;
 
 const char* mup_kind_name(MupKind k) {
   switch (k) {
-    case MupKind::Hidden: return "hidden";
-    case MupKind::Output: return "output";
-    case MupKind::StructuredCore: return "structured_core";
-    case MupKind::Gain: return "gain";
-    case MupKind::Bias: return "bias";
-    case MupKind::Embedding: return "embedding";
+    case MupKind::Hidden:
+      return "hidden";
+    case MupKind::Output:
+      return "output";
+    case MupKind::StructuredCore:
+      return "structured_core";
+    case MupKind::Gain:
+      return "gain";
+    case MupKind::Bias:
+      return "bias";
+    case MupKind::Embedding:
+      return "embedding";
   }
   return "?";
 }
 
 double MupRole::resolved_std() const {
   switch (kind) {
-    case MupKind::Hidden: return 1.0 / std::sqrt(double(fan_in));
-    case MupKind::StructuredCore: return init_std > 0 ? init_std : 1.0 / std::sqrt(double(fan_in));
-    case MupKind::Embedding: return init_std > 0 ? init_std : 0.02;
-    default: return 0.0;
+    case MupKind::Hidden:
+      return 1.0 / std::sqrt(double(fan_in));
+    case MupKind::StructuredCore:
+      return init_std > 0 ? init_std : 1.0 / std::sqrt(double(fan_in));
+    case MupKind::Embedding:
+      return init_std > 0 ? init_std : 0.02;
+    default:
+      return 0.0;
   }
 }
 
@@ -72,7 +82,8 @@ std::vector<MupParam> mup_params(const ::torch::nn::Module& model) {
   // Every module with its prefix, root first (pre-order: an ancestor's declaration comes first
   // and wins, map::emplace keeping the first).
   std::vector<std::pair<std::string, const ::torch::nn::Module*>> modules{{"", &model}};
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value().get());
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    modules.emplace_back(item.key(), item.value().get());
   std::map<std::string, MupRole> declared;
   for (const auto& [prefix, m] : modules) {
     const auto* d = dynamic_cast<const MupDeclaring*>(m);
@@ -110,9 +121,14 @@ void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
   for (MupParam& mp : mup_params(model)) {
     switch (mp.role.kind) {
       case MupKind::Output:
-      case MupKind::Bias: mp.param.zero_(); break;
-      case MupKind::Gain: mp.param.fill_(1.0); break;
-      default: mp.param.normal_(0.0, mp.role.resolved_std(), gen);
+      case MupKind::Bias:
+        mp.param.zero_();
+        break;
+      case MupKind::Gain:
+        mp.param.fill_(1.0);
+        break;
+      default:
+        mp.param.normal_(0.0, mp.role.resolved_std(), gen);
     }
   }
 }
@@ -159,9 +175,10 @@ double rms_cap_sigma(int64_t d_in, int64_t d_out) {
 
 at::Tensor rms_cap(const at::Tensor& w, int64_t d_in, int64_t d_out) {
   const double sigma = rms_cap_sigma(d_in, d_out);
-  STRATA_CHECK_ARG(w.defined() && w.numel() > 0 && at::isFloatingType(w.scalar_type()), "rms_cap", "w",
-                   "a non-empty floating-point tensor",
-                   w.defined() ? cat(binding::torch_dtype_name(w), " ", w.sizes()) : std::string("an undefined tensor"));
+  STRATA_CHECK_ARG(
+      w.defined() && w.numel() > 0 && at::isFloatingType(w.scalar_type()), "rms_cap", "w",
+      "a non-empty floating-point tensor",
+      w.defined() ? cat(binding::torch_dtype_name(w), " ", w.sizes()) : std::string("an undefined tensor"));
   const at::Tensor ratio = (w.square().mean() + 1e-8).sqrt() / sigma;  // RMS(w) / sigma*, 0-dim
   // max(1, ratio) with the reference's gradient: through ratio only where it is above 1.
   return w / at::where(ratio > 1.0, ratio, at::ones_like(ratio));

@@ -8,7 +8,8 @@ x is ``batch x T x D`` (the block input), H heads, V split into H heads of D / H
 Bilinear BTT: per head a full-rank D x D BTT matrix M_h, D = a*b = c*d, BTT rank s, from the cores
 ``w_k`` (c x d x H*b*s) and ``w_q`` (H*b x a x c*s)::
 
-    M_h[(i_a*b + j_b), (i_c*d + i_d)] = sum_sigma w_q[h*b + j_b, i_a, i_c*s + sigma] * w_k[i_c, i_d, (h*b + j_b)*s + sigma]
+    M_h[(i_a*b + j_b), (i_c*d + i_d)] = sum_sigma w_q[h*b + j_b, i_a, i_c*s + sigma]
+                                                  * w_k[i_c, i_d, (h*b + j_b)*s + sigma]
     score_h(t, t') = x_t . LN(M_h x_t') * c,    c = 1/sqrt(D) ("sp") or 1/D ("mup")
 
 (LN over D features, weight shared by heads; the query is x itself, shared by all heads).

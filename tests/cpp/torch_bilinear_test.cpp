@@ -56,10 +56,11 @@ at::Tensor btt_dense(const at::Tensor& w_k, const at::Tensor& w_q, int64_t H, co
       for (int64_t col = 0; col < c * d; ++col)
         for (int64_t sigma = 0; sigma < s; ++sigma) {
           const int64_t i_a = row / b, j_b = row % b, i_c = col / d, i_d = col % d;
-          iq.push_back(((h * b + j_b) * a + i_a) * (c * s) + i_c * s + sigma);  // W_Q[h*b+j_b, i_a, i_c*s+sigma]
+          iq.push_back(((h * b + j_b) * a + i_a) * (c * s) + i_c * s + sigma);      // W_Q[h*b+j_b, i_a, i_c*s+sigma]
           ik.push_back((i_c * d + i_d) * (H * b * s) + (h * b + j_b) * s + sigma);  // W_K[i_c, i_d, (h*b+j_b)*s+sigma]
         }
-  const at::Tensor prod = w_q.flatten().index_select(0, index_tensor(iq)) * w_k.flatten().index_select(0, index_tensor(ik));
+  const at::Tensor prod =
+      w_q.flatten().index_select(0, index_tensor(iq)) * w_k.flatten().index_select(0, index_tensor(ik));
   return prod.view({H, a * b, c * d, s}).sum(-1);
 }
 
@@ -190,8 +191,8 @@ at::Tensor mlr_layer_by_hand(const at::Tensor& x, const st::BilinearMLRWeights& 
 // ---- helpers over the weights ----------------------------------------------------------------
 
 std::vector<at::Tensor*> fields(st::BilinearBTTWeights& w) {
-  return {&w.w_k, &w.w_q, &w.key_norm_weight, &w.key_norm_bias, &w.x_norm_weight, &w.x_norm_bias,
-          &w.v_weight, &w.v_bias, &w.out_weight, &w.out_bias};
+  return {&w.w_k,         &w.w_q,      &w.key_norm_weight, &w.key_norm_bias, &w.x_norm_weight,
+          &w.x_norm_bias, &w.v_weight, &w.v_bias,          &w.out_weight,    &w.out_bias};
 }
 std::vector<at::Tensor*> fields(st::BilinearMLRWeights& w) {
   std::vector<at::Tensor*> f = {&w.v_weight, &w.v_bias, &w.out_weight, &w.out_bias};
@@ -259,7 +260,10 @@ void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tens
   for (size_t i = 0; i < got.size(); ++i) {
     const bool zero_truth = i > 0 && want[i].abs().max().item<double>() < 1e-8 * gmax;
     EXPECT_LE(rel_err(got[i], want[i], zero_truth ? gmax : 1e-30), i == 0 ? fwd_tol : grad_tol)
-        << what << (i == 0 ? ": output" : i == 1 ? ": d x" : ": d weight #" + std::to_string(i - 2));
+        << what
+        << (i == 0   ? ": output"
+            : i == 1 ? ": d x"
+                     : ": d weight #" + std::to_string(i - 2));
   }
 }
 
@@ -267,8 +271,8 @@ void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tens
 
 TEST(TorchBilinear, FactorizeMatchesTheReference) {
   // The reference: b = d = next(f for f in divisors(D) if f > sqrt(D)), a = c = D / b.
-  const std::map<int64_t, std::pair<int64_t, int64_t>> want = {
-      {64, {4, 16}}, {256, {8, 32}}, {384, {16, 24}}, {512, {16, 32}}, {768, {24, 32}}, {1024, {16, 64}}};
+  const std::map<int64_t, std::pair<int64_t, int64_t>> want = {{64, {4, 16}},   {256, {8, 32}},  {384, {16, 24}},
+                                                               {512, {16, 32}}, {768, {24, 32}}, {1024, {16, 64}}};
   for (const auto& [D, ab] : want)
     EXPECT_EQ(st::btt_factorize(D), (st::BttShape{ab.first, ab.second, ab.first, ab.second})) << "D = " << D;
   // The same rule transcribed (divisors in increasing order, the first strictly above sqrt(D)) over 2..2048.
@@ -283,7 +287,9 @@ TEST(TorchBilinear, FactorizeMatchesTheReference) {
   EXPECT_EQ(st::btt_factorize(36, "balanced"), (st::BttShape{6, 6, 6, 6}));
   EXPECT_NE(message([] { st::btt_factorize(1); }).find("btt_factorize: argument 'dim': expected an integer >= 2"),
             std::string::npos);
-  EXPECT_NE(message([] { st::btt_factorize(384, "balanced"); }).find("btt_factorize: argument 'dim': expected a perfect square"),
+  EXPECT_NE(message([] {
+              st::btt_factorize(384, "balanced");
+            }).find("btt_factorize: argument 'dim': expected a perfect square"),
             std::string::npos);
   EXPECT_NE(message([] { st::btt_factorize(64, "square"); }).find("btt_factorize: argument 'rule'"), std::string::npos);
 }
@@ -296,7 +302,8 @@ TEST(TorchBilinear, BttKeyTransformIsTheIndexFormula) {
   for (const auto& [sh, s, H] : std::vector<std::tuple<st::BttShape, int64_t, int64_t>>{
            {{3, 4, 3, 4}, 2, 2}, {{2, 6, 3, 4}, 3, 2}, {{3, 6, 3, 6}, 1, 3}, {{1, 5, 5, 1}, 2, 1}}) {
     const at::Tensor x = at::randn({2, 3, sh.c * sh.d}, kF64);
-    const at::Tensor w_k = at::randn({sh.c, sh.d, H * sh.b * s}, kF64), w_q = at::randn({H * sh.b, sh.a, sh.c * s}, kF64);
+    const at::Tensor w_k = at::randn({sh.c, sh.d, H * sh.b * s}, kF64),
+                     w_q = at::randn({H * sh.b, sh.a, sh.c * s}, kF64);
     const at::Tensor got = st::btt_key_transform(x, w_k, w_q, H);  // 2 x 3 x H x (a*b)
     const at::Tensor want = at::einsum("hij,btj->bthi", {btt_dense(w_k, w_q, H, sh, s), x});
     EXPECT_LE(rel_err(got, want), kF64Tol) << "a b c d = " << sh.a << sh.b << sh.c << sh.d << " s " << s;
@@ -338,8 +345,8 @@ TEST(TorchBilinear, DenseOpTakesTheSharedQueryView) {
     const auto [out_view, dq_view] = run(false);
     const auto [out_copy, dq_copy] = run(true);
     const at::Tensor qd = q0.to(at::kDouble).requires_grad_();
-    const at::Tensor ref = attend_by_hand(qd.unsqueeze(2).expand({B, T, H, E}), k.to(at::kDouble), v.to(at::kDouble),
-                                          0.25, true);
+    const at::Tensor ref =
+        attend_by_hand(qd.unsqueeze(2).expand({B, T, H, E}), k.to(at::kDouble), v.to(at::kDouble), 0.25, true);
     const at::Tensor dq_ref = ::torch::autograd::grad({(ref * g.to(at::kDouble)).sum()}, {qd})[0];
     const double tol = f64 ? kF64Tol : 2e-5;
     EXPECT_LE(rel_err(out_view, out_copy), tol) << "f64 " << f64;
@@ -360,14 +367,13 @@ std::map<std::string, std::pair<int64_t, int64_t>> core_dims(const st::BilinearM
   std::map<std::string, std::pair<int64_t, int64_t>> r;
   const int64_t D = m.options.embed_dim(), H = m.options.num_heads();
   for (size_t l = 0; l < m.options.ranks().size(); ++l)
-    for (const char* side : {"w_q_", "w_k_"})
-      r[side + std::to_string(l + 1)] = {D >> l, H * m.options.ranks()[l]};
+    for (const char* side : {"w_q_", "w_k_"}) r[side + std::to_string(l + 1)] = {D >> l, H * m.options.ranks()[l]};
   return r;
 }
 
 TEST(TorchBilinear, BttModuleMatchesTheTranscription) {
   const std::vector<BttCase> cases = {
-      {12, 2, 2},                                                        // ref (3, 4), s = 2
+      {12, 2, 2},                                                            // ref (3, 4), s = 2
       {18, 3, 1, "ref", std::nullopt, "mup", true, false, true, true, 3.0},  // (3, 6), muP scale, bias, capped
       {12, 2, 3, "ref", st::BttShape{2, 6, 3, 4}, "sp", false, true, false, true, 3.0},  // a != c, x LN, non-causal
       {16, 4, 2, "balanced", std::nullopt, "sp", true, true, true, false, 3.0},  // (4,4,4,4), no cap though large
@@ -396,9 +402,9 @@ TEST(TorchBilinear, BttModuleMatchesTheTranscription) {
 TEST(TorchBilinear, MlrModuleMatchesTheTranscription) {
   const std::vector<MlrCase> cases = {
       {24, 2, {8, 4}},
-      {20, 2, {6, 4}, "mup", true, true, false, true, true, 3.0},        // D not a power of two, bias, capped
-      {96, 2, {8, 8, 8, 8, 8, 8}, "sp", true, false, true, true, true},  // 6 levels (p up to 32), divide by L
-      {12, 1, {12}, "sp", false, false, false, false, false},             // one level, no LN, non-causal, no cap
+      {20, 2, {6, 4}, "mup", true, true, false, true, true, 3.0},          // D not a power of two, bias, capped
+      {96, 2, {8, 8, 8, 8, 8, 8}, "sp", true, false, true, true, true},    // 6 levels (p up to 32), divide by L
+      {12, 1, {12}, "sp", false, false, false, false, false},              // one level, no LN, non-causal, no cap
       {48, 3, {10, 3, 2, 1}, "mup", true, false, false, true, true, 0.3},  // 4 levels, below the cap
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -442,6 +448,39 @@ TEST(TorchBilinear, WideHeadDims) {
   }
 }
 
+// bfloat16 modules (the kernel's bf16 path) against the float64 transcription run on the same
+// bf16-rounded input and weights. Tolerance 2e-2: bf16 keeps 8 bits (2^-9 relative per rounding);
+// the transforms, LN and attention round their outputs to bf16 a handful of times in sequence
+// (observed ~5e-3); an index or scale error is of order 1. Gradients: finite, of the weights' dtype.
+TEST(TorchBilinear, Bfloat16) {
+  at::manual_seed(9);
+  const auto check = [](auto& m, const auto& by_hand) {
+    m->to(at::kBFloat16);
+    {
+      ::torch::NoGradGuard no_grad;
+      m->out_proj->weight.normal_(0, 0.1);  // a non-zero out projection
+    }
+    const at::Tensor x = at::randn({2, 33, 64}).to(at::kBFloat16);
+    const at::Tensor y = m->forward(x);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    EXPECT_LE(rel_err(y, by_hand(x.to(at::kDouble), detached_f64(m->weights()))), 2e-2);
+    y.to(at::kFloat).square().mean().backward();
+    for (const auto& p : m->named_parameters()) {
+      const at::Tensor grad = p.value().grad();
+      ASSERT_TRUE(grad.defined()) << p.key();
+      EXPECT_EQ(grad.scalar_type(), at::kBFloat16) << p.key();
+      EXPECT_TRUE(grad.isfinite().all().item<bool>()) << p.key();
+    }
+  };
+  const BttCase bc{64, 4, 2};
+  st::BilinearBTTAttention btt(options_of(bc));
+  check(btt,
+        [&](const at::Tensor& x, const st::BilinearBTTWeights& w) { return btt_layer_by_hand(x, w, bc, btt->shape); });
+  const MlrCase mc{64, 4, {8, 4, 4}};
+  st::BilinearMLRAttention mlr(options_of(mc));
+  check(mlr, [&](const at::Tensor& x, const st::BilinearMLRWeights& w) { return mlr_layer_by_hand(x, w, mc); });
+}
+
 TEST(TorchBilinear, ModulesShapesNamesAndClone) {
   at::manual_seed(4);
   st::BilinearBTTAttention btt(st::BilinearBTTAttentionOptions(64, 4).btt_rank(2));
@@ -482,32 +521,54 @@ TEST(TorchBilinear, BadInputNamesTheArgument) {
                "BilinearBTTAttention: argument 'embed_dim': expected a perfect square");
   expect_error(message([] { st::BilinearBTTAttention(BO(64, 4).factorization("tall")); }),
                "BilinearBTTAttention: argument 'factorization'");
-  expect_error(message([] { st::BilinearBTTAttention(BO(64, 4).btt_shape(st::BttShape{4, 16, 8, 4})); }),
-               "BilinearBTTAttention: argument 'btt_shape': expected (a, b, c, d) >= 1 with a*b = c*d = embed_dim = 64");
+  expect_error(
+      message([] {
+        st::BilinearBTTAttention(BO(64, 4).btt_shape(st::BttShape{4, 16, 8, 4}));
+      }),
+      "BilinearBTTAttention: argument 'btt_shape': expected (a, b, c, d) >= 1 with a*b = c*d = embed_dim = 64");
   expect_error(message([] { st::BilinearBTTAttention(BO(64, 4).btt_rank(0)); }), "argument 'btt_rank'");
   expect_error(message([] { st::BilinearBTTAttention(BO(64, 4).logit_scale("mu")); }), "argument 'logit_scale'");
-  expect_error(message([] { st::BilinearMLRAttention(MO(64, 4, {8, 4})); }),
-               "BilinearMLRAttention: argument 'ranks': expected r_1 + .. + r_L = head_dim = embed_dim / num_heads = 16");
+  expect_error(
+      message([] {
+        st::BilinearMLRAttention(MO(64, 4, {8, 4}));
+      }),
+      "BilinearMLRAttention: argument 'ranks': expected r_1 + .. + r_L = head_dim = embed_dim / num_heads = 16");
   expect_error(message([] { st::BilinearMLRAttention(MO(64, 4, {16, 0})); }), "argument 'ranks': expected r_l >= 1");
   // 3 levels need 2^2 = 4 feature blocks: 18 is not a multiple.
-  expect_error(message([] { st::BilinearMLRAttention(MO(18, 2, {3, 3, 3})); }),
+  expect_error(message([] {
+                 st::BilinearMLRAttention(MO(18, 2, {3, 3, 3}));
+               }),
                "BilinearMLRAttention: argument 'embed_dim': expected a multiple of the block count 2^(L-1) = 4");
   // The forward and the functions.
   st::BilinearBTTAttention m(BO(16, 2));
-  expect_error(message([&] { m->forward(at::randn({2, 3, 15})); }),
+  expect_error(message([&] {
+                 m->forward(at::randn({2, 3, 15}));
+               }),
                "BilinearBTTAttention::forward: argument 'x': expected a 3-D tensor (batch, seq, embed_dim = 16)");
-  expect_error(message([&] { m->forward(at::randn({2, 3, 16}, kF64)); }),
+  expect_error(message([&] {
+                 m->forward(at::randn({2, 3, 16}, kF64));
+               }),
                "BilinearBTTAttention::forward: argument 'w_k': expected float64");
   const at::Tensor w_k = at::randn({4, 4, 8}), w_q = at::randn({8, 4, 4});
-  expect_error(message([&] { st::btt_key_transform(at::randn({3, 15}), w_k, w_q, 2); }),
+  expect_error(message([&] {
+                 st::btt_key_transform(at::randn({3, 15}), w_k, w_q, 2);
+               }),
                "btt_key_transform: argument 'x'");
-  expect_error(message([&] { st::btt_key_transform(at::randn({3, 16}), w_k, w_q, 3); }),
+  expect_error(message([&] {
+                 st::btt_key_transform(at::randn({3, 16}), w_k, w_q, 3);
+               }),
                "btt_key_transform: argument 'w_q'");
-  expect_error(message([&] { st::btt_key_transform(at::randn({3, 16}), w_k.narrow(2, 0, 6), w_q, 2); }),
+  expect_error(message([&] {
+                 st::btt_key_transform(at::randn({3, 16}), w_k.narrow(2, 0, 6), w_q, 2);
+               }),
                "btt_key_transform: argument 'w_k': expected dim 2 = heads*b*s = 8");
-  expect_error(message([&] { st::block_diag_transform(at::randn({3, 10}), at::randn({4, 3, 2}), 1); }),
+  expect_error(message([&] {
+                 st::block_diag_transform(at::randn({3, 10}), at::randn({4, 3, 2}), 1);
+               }),
                "block_diag_transform: argument 'x'");
-  expect_error(message([&] { st::block_diag_transform(at::randn({3, 12}), at::randn({4, 3, 3}), 2); }),
+  expect_error(message([&] {
+                 st::block_diag_transform(at::randn({3, 12}), at::randn({4, 3, 3}), 2);
+               }),
                "block_diag_transform: argument 'w'");
 }
 
@@ -515,8 +576,8 @@ TEST(TorchBilinear, BadInputNamesTheArgument) {
 
 TEST(TorchMup, RmsCapAndItsGradient) {
   at::manual_seed(5);
-  for (const auto& [d_in, d_out, scale] : std::vector<std::tuple<int64_t, int64_t, double>>{
-           {16, 64, 3.0}, {16, 64, 0.5}, {24, 6, 2.0}, {24, 6, 0.9}}) {
+  for (const auto& [d_in, d_out, scale] :
+       std::vector<std::tuple<int64_t, int64_t, double>>{{16, 64, 3.0}, {16, 64, 0.5}, {24, 6, 2.0}, {24, 6, 0.9}}) {
     const double sigma = st::rms_cap_sigma(d_in, d_out);
     EXPECT_DOUBLE_EQ(sigma, std::sqrt(double(std::min(d_in, d_out))) / double(d_in));
     const at::Tensor z = at::randn({3, d_in, d_out}, kF64);
@@ -563,7 +624,8 @@ struct TinyLMImpl : ::torch::nn::Cloneable<TinyLMImpl>, st::MupDeclaring {
     return lm_head(h * scale);
   }
   std::vector<std::pair<std::string, st::MupRole>> mup_roles() const override {
-    return {{"proj.weight", st::MupRole::output(4 * D)}, {"lm_head.weight", st::MupRole::output(D)},
+    return {{"proj.weight", st::MupRole::output(4 * D)},
+            {"lm_head.weight", st::MupRole::output(D)},
             {"scale", st::MupRole::gain()}};
   }
   ::torch::nn::Embedding wte{nullptr};
@@ -583,9 +645,9 @@ TEST(TorchMup, RolesInitAndGroups) {
   const auto kind = [&](const std::string& n) { return std::string(st::mup_kind_name(roles.at(n).kind)); };
   EXPECT_EQ(kind("wte.weight"), "embedding");
   EXPECT_EQ(kind("btt.w_k"), "structured_core");
-  EXPECT_EQ(roles.at("btt.w_k").fan_in, 16);    // d of (4, 16)
+  EXPECT_EQ(roles.at("btt.w_k").fan_in, 16);     // d of (4, 16)
   EXPECT_EQ(roles.at("btt.w_q").fan_in, 4 * 2);  // c*s
-  EXPECT_EQ(roles.at("mlr.w_k_3").fan_in, 16);  // D / p_3
+  EXPECT_EQ(roles.at("mlr.w_k_3").fan_in, 16);   // D / p_3
   EXPECT_EQ(kind("btt.key_norm_weight"), "gain");
   EXPECT_EQ(kind("btt.v_proj.weight"), "hidden");
   EXPECT_EQ(kind("btt.out_proj.weight"), "output");
@@ -605,15 +667,24 @@ TEST(TorchMup, RolesInitAndGroups) {
   auto gen = at::detail::createCPUGenerator(7);
   st::mup_init_(*model, gen);
   const auto std_of = [&](const std::string& n) { return model->named_parameters()[n].std().item<double>(); };
-  const auto all_equal = [&](const std::string& n, double v) { return model->named_parameters()[n].eq(v).all().item<bool>(); };
-  const std::map<std::string, double> stds = {
-      {"wte.weight", 0.02},          {"btt.w_k", 1 / std::sqrt(16.0)},   {"btt.w_q", 1 / std::sqrt(8.0)},
-      {"btt.v_proj.weight", 0.125},  {"mlr.w_q_1", 0.125},               {"mlr.w_k_2", 1 / std::sqrt(32.0)},
-      {"mlr.w_q_3", 0.25},           {"fc.weight", 0.125},               {"mlr.v_proj.weight", 0.125}};
+  const auto all_equal = [&](const std::string& n, double v) {
+    return model->named_parameters()[n].eq(v).all().item<bool>();
+  };
+  const std::map<std::string, double> stds = {{"wte.weight", 0.02},
+                                              {"btt.w_k", 1 / std::sqrt(16.0)},
+                                              {"btt.w_q", 1 / std::sqrt(8.0)},
+                                              {"btt.v_proj.weight", 0.125},
+                                              {"mlr.w_q_1", 0.125},
+                                              {"mlr.w_k_2", 1 / std::sqrt(32.0)},
+                                              {"mlr.w_q_3", 0.25},
+                                              {"fc.weight", 0.125},
+                                              {"mlr.v_proj.weight", 0.125}};
   for (const auto& [n, s] : stds) EXPECT_NEAR(std_of(n), s, 0.1 * s) << n;
-  for (const char* n : {"btt.out_proj.weight", "mlr.out_proj.weight", "proj.weight", "lm_head.weight", "fc.bias", "ln.bias"})
+  for (const char* n :
+       {"btt.out_proj.weight", "mlr.out_proj.weight", "proj.weight", "lm_head.weight", "fc.bias", "ln.bias"})
     EXPECT_TRUE(all_equal(n, 0.0)) << n;
-  for (const char* n : {"btt.key_norm_weight", "mlr.k_norm_weight_3", "ln.weight", "scale"}) EXPECT_TRUE(all_equal(n, 1.0)) << n;
+  for (const char* n : {"btt.key_norm_weight", "mlr.k_norm_weight_3", "ln.weight", "scale"})
+    EXPECT_TRUE(all_equal(n, 1.0)) << n;
 
   // Groups: lr = eta * 768 / fan_in for matrices, eta otherwise; every parameter once.
   const double eta = 1e-3;
@@ -626,9 +697,9 @@ TEST(TorchMup, RolesInitAndGroups) {
   }
   EXPECT_EQ(lr_of.size(), roles.size());
   const std::map<std::string, double> want_lr = {
-      {"wte.weight", eta},       {"btt.w_k", eta * 768 / 16},   {"btt.w_q", eta * 768 / 8}, {"mlr.w_q_3", eta * 768 / 16},
-      {"fc.weight", eta * 12},   {"proj.weight", eta * 3},      {"lm_head.weight", eta * 12}, {"ln.weight", eta},
-      {"fc.bias", eta},          {"btt.key_norm_weight", eta}};
+      {"wte.weight", eta},     {"btt.w_k", eta * 768 / 16}, {"btt.w_q", eta * 768 / 8},   {"mlr.w_q_3", eta * 768 / 16},
+      {"fc.weight", eta * 12}, {"proj.weight", eta * 3},    {"lm_head.weight", eta * 12}, {"ln.weight", eta},
+      {"fc.bias", eta},        {"btt.key_norm_weight", eta}};
   for (const auto& [n, lr] : want_lr) EXPECT_DOUBLE_EQ(lr_of.at(n), lr) << n;
   // Weight decay, when asked, on the >= 2-D parameters only (the reference's rule).
   for (const auto& g : st::mup_param_groups(*model, eta, st::MupOptions{768, 0.1}))

@@ -280,7 +280,8 @@ def test_module_parameters_match_the_cpp_names_and_shapes():
 def test_bad_input_names_the_argument():
     B, M = strata.BilinearBTTAttention, strata.BilinearMLRAttention
     assert_raises_naming(ValueError, lambda: B(64, 5), "BilinearBTTAttention: argument 'num_heads'")
-    assert_raises_naming(ValueError, lambda: B(1, 1), "BilinearBTTAttention: argument 'embed_dim': expected an integer >= 2")
+    assert_raises_naming(ValueError, lambda: B(1, 1),
+                         "BilinearBTTAttention: argument 'embed_dim': expected an integer >= 2")
     assert_raises_naming(ValueError, lambda: B(384, 4, factorization="balanced"),
                          "BilinearBTTAttention: argument 'embed_dim': expected a perfect square")
     assert_raises_naming(ValueError, lambda: B(64, 4, factorization="tall"), "argument 'factorization'")
@@ -293,7 +294,8 @@ def test_bad_input_names_the_argument():
                          "num_heads = 16")
     assert_raises_naming(ValueError, lambda: M(64, 4, [16, 0]), "argument 'ranks': expected r_l >= 1")
     assert_raises_naming(ValueError, lambda: M(18, 2, [3, 3, 3]),
-                         "BilinearMLRAttention: argument 'embed_dim': expected a multiple of the block count 2^(L-1) = 4")
+                         "BilinearMLRAttention: argument 'embed_dim': expected a multiple of the block count "
+                         "2^(L-1) = 4")
     m = B(16, 2)
     assert_raises_naming(RuntimeError, lambda: m(torch.randn(2, 3, 15)), "BilinearBTTAttention.forward: argument 'x'")
     assert_raises_naming(RuntimeError, lambda: m(torch.randn(2, 3, 16, dtype=torch.float64)), "argument 'x'")

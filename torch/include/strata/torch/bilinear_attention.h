@@ -68,7 +68,7 @@ at::Tensor btt_key_transform(const at::Tensor& x, const at::Tensor& w_k, const a
 at::Tensor block_diag_transform(const at::Tensor& x, const at::Tensor& w, int64_t heads);
 
 // The logit scales: "sp" or "mup" (throws naming 'logit_scale' otherwise).
-double bilinear_btt_logit_scale(int64_t dim, const std::string& logit_scale);          // 1/sqrt(D), 1/D
+double bilinear_btt_logit_scale(int64_t dim, const std::string& logit_scale);           // 1/sqrt(D), 1/D
 double bilinear_mlr_logit_scale(int64_t r, int64_t p, const std::string& logit_scale);  // 1/sqrt(rp), 8/(rp)
 
 // The attention of both layers: q shared by all heads of k (q: batch x T x Dqk; k: batch x T x
@@ -79,9 +79,9 @@ at::Tensor shared_query_attention(const at::Tensor& q, const at::Tensor& k, cons
 
 // The parameters of a bilinear layer, for the functional forms (undefined = absent).
 struct BilinearBTTWeights {
-  at::Tensor w_k, w_q;                         // the cores (shapes above)
-  at::Tensor key_norm_weight, key_norm_bias;   // D each; the bias optional
-  at::Tensor x_norm_weight, x_norm_bias;       // D each, optional: LN of x before everything
+  at::Tensor w_k, w_q;                                // the cores (shapes above)
+  at::Tensor key_norm_weight, key_norm_bias;          // D each; the bias optional
+  at::Tensor x_norm_weight, x_norm_bias;              // D each, optional: LN of x before everything
   at::Tensor v_weight, v_bias, out_weight, out_bias;  // D x D, D (optional), D x D, D (optional)
 };
 struct BilinearMLRWeights {
@@ -101,16 +101,16 @@ at::Tensor bilinear_mlr_attention(const at::Tensor& x, const BilinearMLRWeights&
 
 struct BilinearBTTAttentionOptions {
   BilinearBTTAttentionOptions(int64_t embed_dim, int64_t num_heads) : embed_dim_(embed_dim), num_heads_(num_heads) {}
-  TORCH_ARG(int64_t, embed_dim);             // D
-  TORCH_ARG(int64_t, num_heads);             // H, dividing D
-  TORCH_ARG(int64_t, btt_rank) = 1;          // s
-  TORCH_ARG(std::string, factorization) = "ref";  // btt_factorize's rule
+  TORCH_ARG(int64_t, embed_dim);                                 // D
+  TORCH_ARG(int64_t, num_heads);                                 // H, dividing D
+  TORCH_ARG(int64_t, btt_rank) = 1;                              // s
+  TORCH_ARG(std::string, factorization) = "ref";                 // btt_factorize's rule
   TORCH_ARG(std::optional<BttShape>, btt_shape) = std::nullopt;  // explicit (a, b, c, d) instead
-  TORCH_ARG(std::string, logit_scale) = "sp";  // "sp": 1/sqrt(D); "mup": 1/D
-  TORCH_ARG(bool, bias) = false;             // biases of V, out and the LayerNorms (ref config.bias)
-  TORCH_ARG(bool, x_layernorm) = false;      // ref bilinearBTT_use_extra_LN_on_X
+  TORCH_ARG(std::string, logit_scale) = "sp";                    // "sp": 1/sqrt(D); "mup": 1/D
+  TORCH_ARG(bool, bias) = false;         // biases of V, out and the LayerNorms (ref config.bias)
+  TORCH_ARG(bool, x_layernorm) = false;  // ref bilinearBTT_use_extra_LN_on_X
   TORCH_ARG(bool, causal) = true;
-  TORCH_ARG(bool, rms_cap) = true;           // the forward-time RMS cap of W_K, W_Q
+  TORCH_ARG(bool, rms_cap) = true;  // the forward-time RMS cap of W_K, W_Q
 };
 
 // Parameters: w_k, w_q (init N(0, 1/d) and N(0, 1/(c*s)), the muP stds), key_norm_weight (1),
@@ -147,12 +147,12 @@ class BilinearBTTAttention : public ::torch::nn::ModuleHolder<BilinearBTTAttenti
 struct BilinearMLRAttentionOptions {
   BilinearMLRAttentionOptions(int64_t embed_dim, int64_t num_heads, std::vector<int64_t> ranks)
       : embed_dim_(embed_dim), num_heads_(num_heads), ranks_(std::move(ranks)) {}
-  TORCH_ARG(int64_t, embed_dim);              // D, a multiple of 2^(L-1)
-  TORCH_ARG(int64_t, num_heads);              // H, dividing D
-  TORCH_ARG(std::vector<int64_t>, ranks);     // r_1..r_L >= 1, sum = D / H
-  TORCH_ARG(std::string, logit_scale) = "sp"; // "sp": 1/sqrt(r_l p_l); "mup": 8/(r_l p_l)
-  TORCH_ARG(bool, qk_layernorm) = true;       // the per-level LNs (ref do_qk_ln)
-  TORCH_ARG(bool, bias) = false;              // biases of V, out and the LayerNorms
+  TORCH_ARG(int64_t, embed_dim);                  // D, a multiple of 2^(L-1)
+  TORCH_ARG(int64_t, num_heads);                  // H, dividing D
+  TORCH_ARG(std::vector<int64_t>, ranks);         // r_1..r_L >= 1, sum = D / H
+  TORCH_ARG(std::string, logit_scale) = "sp";     // "sp": 1/sqrt(r_l p_l); "mup": 8/(r_l p_l)
+  TORCH_ARG(bool, qk_layernorm) = true;           // the per-level LNs (ref do_qk_ln)
+  TORCH_ARG(bool, bias) = false;                  // biases of V, out and the LayerNorms
   TORCH_ARG(bool, divide_by_num_levels) = false;  // ref mlr_divide_by_num_levels: S *= 1/L
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(bool, rms_cap) = true;

@@ -37,8 +37,8 @@ const char* mup_kind_name(MupKind k);
 
 struct MupRole {
   MupKind kind = MupKind::Hidden;
-  int64_t fan_in = 1;    // the matrix roles' fan-in (1 for the others)
-  double init_std = 0;   // hidden / structured core / embedding: the init std (0 = the rule's)
+  int64_t fan_in = 1;   // the matrix roles' fan-in (1 for the others)
+  double init_std = 0;  // hidden / structured core / embedding: the init std (0 = the rule's)
 
   // A hidden matrix (q/k/v, MLP-in): init N(0, 1/fan_in), lr base_lr * base_width / fan_in.
   static MupRole hidden(int64_t fan_in) { return {MupKind::Hidden, fan_in, 0}; }
@@ -52,7 +52,9 @@ struct MupRole {
   // A lookup table (token / position embedding): init N(0, std^2), std 0.02 by default; lr base_lr.
   static MupRole embedding(double std = 0.02) { return {MupKind::Embedding, 1, std}; }
 
-  bool is_matrix() const { return kind == MupKind::Hidden || kind == MupKind::Output || kind == MupKind::StructuredCore; }
+  bool is_matrix() const {
+    return kind == MupKind::Hidden || kind == MupKind::Output || kind == MupKind::StructuredCore;
+  }
   // The std mup_init_ draws with (0 for the constant inits).
   double resolved_std() const;
   // lr = base_lr * base_width / fan_in for the matrix roles, base_lr otherwise.
@@ -84,8 +86,8 @@ std::vector<MupParam> mup_params(const ::torch::nn::Module& model);
 void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen = std::nullopt);
 
 struct MupOptions {
-  double base_width = 768;   // lr = base_lr * base_width / fan_in for matrices
-  double weight_decay = 0;   // applied to parameters of 2 or more dims (as the reference), 0 to the rest
+  double base_width = 768;  // lr = base_lr * base_width / fan_in for matrices
+  double weight_decay = 0;  // applied to parameters of 2 or more dims (as the reference), 0 to the rest
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-20;
 };
 
