@@ -426,15 +426,15 @@ TEST(TorchBilinear, MlrModuleMatchesTheTranscription) {
   }
 }
 
-// The modules at realistic widths: BTT attends with head dim D = 256; the MLR split
+// The modules at realistic widths: BTT attends with head dim D = 1024; the MLR split
 // 32|8|6|4|4|4|4|2 (the reference's LM) gives 808 concatenated features per head. Forward in
 // float32 against the float64 transcription.
 TEST(TorchBilinear, WideHeadDims) {
   at::manual_seed(8);
   {
-    const BttCase c{256, 4, 1};
+    const BttCase c{1024, 2, 1};
     st::BilinearBTTAttention m(options_of(c));
-    EXPECT_EQ(m->shape, (st::BttShape{8, 32, 8, 32}));
+    EXPECT_EQ(m->shape, (st::BttShape{16, 64, 16, 64}));
     const at::Tensor x = at::randn({1, 5, c.D});
     const st::BilinearBTTWeights w = detached_f64(m->weights());
     EXPECT_LE(rel_err(m->forward(x), btt_layer_by_hand(x.to(at::kDouble), w, c, m->shape)), kF32FwdTol);
