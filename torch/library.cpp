@@ -52,6 +52,21 @@ TORCH_LIBRARY(strata, m) {
   m.def(
       "nystrom_attention(Tensor q, Tensor k, Tensor v, int num_landmarks, int pinv_iters=6, "
       "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
+  // Bilinear BTT / MLR scoring and their transforms (strata/torch/bilinear_attention.h), the muP
+  // RMS cap (strata/torch/mup.h); kernels in torch/bilinear_attention_ops.cpp.
+  m.def("btt_factorize(int dim, str rule=\"ref\") -> int[]");
+  m.def("btt_key_transform(Tensor x, Tensor w_k, Tensor w_q, int heads) -> Tensor");
+  m.def("block_diag_transform(Tensor x, Tensor w, int heads) -> Tensor");
+  m.def(
+      "bilinear_btt_attention(Tensor x, Tensor w_k, Tensor w_q, Tensor key_norm_weight, Tensor? key_norm_bias, "
+      "Tensor? x_norm_weight, Tensor? x_norm_bias, Tensor v_weight, Tensor? v_bias, Tensor out_weight, "
+      "Tensor? out_bias, int num_heads, str logit_scale=\"sp\", bool causal=True, bool rms_cap=True) -> Tensor");
+  m.def(
+      "bilinear_mlr_attention(Tensor x, Tensor[] w_q, Tensor[] w_k, Tensor[] q_norm_weight, Tensor[] q_norm_bias, "
+      "Tensor[] k_norm_weight, Tensor[] k_norm_bias, Tensor v_weight, Tensor? v_bias, Tensor out_weight, "
+      "Tensor? out_bias, int num_heads, str logit_scale=\"sp\", bool divide_by_num_levels=False, bool causal=True, "
+      "bool rms_cap=True) -> Tensor");
+  m.def("mup_rms_cap(Tensor w, int d_in, int d_out) -> Tensor");
   // FLOP counts (2 x matmul MACs, per sequence).
   m.def("monarch_attention_flops(int N, int heads, int D, int Dv, int T, int B) -> float");
   m.def("softmax_attention_flops(int N, int D, int Dv=-1) -> float");

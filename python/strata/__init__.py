@@ -79,6 +79,13 @@ __all__ = [
     "StructuredLinear",
     "StructuredSpec",
     "structured_linear",
+    # bilinear BTT / MLR scoring (strata.bilinear) and muP training support (strata.mup)
+    "BilinearBTTAttention",
+    "BilinearMLRAttention",
+    "btt_factorize",
+    "btt_key_transform",
+    "block_diag_transform",
+    "mup",
 ]
 
 _LIB_NAME = "libstrata_torch.so"
@@ -247,3 +254,13 @@ from .baselines import (  # noqa: E402
 # Structured operators (strata.structured: the MLBTC family, StructuredLinear).
 from . import structured  # noqa: E402
 from .structured import StructuredLinear, StructuredSpec, structured_linear  # noqa: E402
+# Bilinear BTT / MLR scoring (strata.bilinear, over torch.ops.strata.bilinear_*) and muP training
+# support (strata.mup: roles, init, parameter groups, AdamW, the RMS cap).
+from . import mup  # noqa: E402
+from .bilinear import (  # noqa: E402
+    BilinearBTTAttention,
+    BilinearMLRAttention,
+    block_diag_transform,
+    btt_factorize,
+    btt_key_transform,
+)
