@@ -10,6 +10,7 @@
 #include "binding_util.h"
 #include "strata/error.h"
 #include "strata/torch/attention.h"
+#include "strata/torch/structured.h"
 
 namespace strata::torch {
 
@@ -42,13 +43,6 @@ void check_input(const char* where, const at::Tensor& x, int64_t min_dim, int64_
       cat("a floating tensor of ", min_dim == 3 ? "3 dims (batch, seq, D)" : "at least 1 dim",
           width >= 0 ? cat(" with last dim ", width) : std::string()),
       x.defined() ? cat(x.dim(), "-D ", describe(x)) : describe(x));
-}
-
-// The rows of x as a matrix: the product of all dims but the last.
-int64_t rows_of(const at::Tensor& x) {
-  int64_t n = 1;
-  for (int64_t i = 0; i + 1 < x.dim(); ++i) n *= x.size(i);
-  return n;
 }
 
 // x's leading dims followed by (heads, width).
@@ -84,24 +78,15 @@ BttDims btt_dims(const char* where, const at::Tensor& w_k, const at::Tensor& w_q
   return {a, b, c, d, s};
 }
 
-// btt_factorize on behalf of `where`, naming `dim_arg` / `rule_arg`.
+// btt_factorize on behalf of `where`, naming `dim_arg` / `rule_arg` (the rules are the core's).
 BttShape factorize(const char* where, const char* dim_arg, const char* rule_arg, int64_t dim, const std::string& rule) {
   STRATA_CHECK_ARG(rule == "ref" || rule == "balanced", where, rule_arg, "\"ref\" or \"balanced\"",
                    cat("\"", rule, "\""));
-  if (rule == "balanced") {
-    int64_t r = int64_t(std::llround(std::sqrt(double(std::max<int64_t>(dim, 0)))));
-    while (r * r > dim) --r;
-    while ((r + 1) * (r + 1) <= dim) ++r;
-    STRATA_CHECK_ARG(dim >= 1 && r * r == dim, where, dim_arg,
-                     "a perfect square for the balanced factorisation a = b = c = d = sqrt(dim)", dim);
-    return {r, r, r, r};
-  }
-  // The reference's: the smallest divisor b of dim with b > sqrt(dim) (b * b > dim, exactly).
-  STRATA_CHECK_ARG(dim >= 2, where, dim_arg,
-                   "an integer >= 2 (the reference's factorisation needs a divisor greater than sqrt(dim))", dim);
-  int64_t b = int64_t(std::sqrt(double(dim)));
-  while (b * b <= dim || dim % b != 0) ++b;
-  return {dim / b, b, dim / b, b};
+  if (rule == "ref")
+    STRATA_CHECK_ARG(dim >= 2, where, dim_arg,
+                     "an integer >= 2 (the reference's factorisation needs a divisor greater than sqrt(dim))", dim);
+  STRATA_CHECK_ARG(dim >= 1, where, dim_arg, ">= 1", dim);
+  return ::strata::btt_factorize(dim, dim, rule == "ref" ? BttFactorize::reference : BttFactorize::balanced);
 }
 
 // The logit-scale rule on behalf of `where`.
@@ -123,15 +108,10 @@ at::Tensor btt_key_transform(const at::Tensor& x, const at::Tensor& w_k, const a
   STRATA_CHECK_ARG(w_k.scalar_type() == x.scalar_type() && w_k.device() == x.device(), where, "w_k",
                    cat("x's dtype and device (", binding::torch_dtype_name(x), " on ", x.device(), ")"),
                    cat(describe(w_k), " on ", w_k.device()));
-  const int64_t n = rows_of(x);
-  // First core: per i_c, the d features of chunk i_c times W_K[i_c]: c GEMMs n x d x (heads*b*s).
-  const at::Tensor y = at::bmm(x.reshape({n, c, d}).transpose(0, 1), w_k);  // c x n x (heads*b*s)
-  // Regroup to z[h*b + j_b, i_c*s + sigma, t] = y[i_c, t, (h*b + j_b)*s + sigma].
-  const at::Tensor z = y.view({c, n, heads * b, s}).permute({2, 0, 3, 1}).reshape({heads * b, c * s, n});
-  // Second core: per (h, j_b), W_Q[h*b + j_b] (a x c*s) times z: heads*b GEMMs a x (c*s) x n.
-  const at::Tensor u = at::bmm(w_q, z);  // (heads*b) x a x n
-  // out[t, h, i_a*b + j_b] = u[h*b + j_b, i_a, t].
-  return u.view({heads, b, a, n}).permute({3, 0, 2, 1}).reshape(head_sizes(x, heads, a * b));
+  // The core's BTT operator: its factors are W_K (c, d, heads*b*s) and W_Q (heads*b, a, c*s) as they
+  // are; its output index h*a*b + i_a*b + j_b is the head-major layout asked for.
+  const StructuredSpec spec = btt_spec({a, b, c, d}, s, heads);
+  return structured_linear(spec, x, {w_k, w_q}).reshape(head_sizes(x, heads, a * b));
 }
 
 at::Tensor block_diag_transform(const at::Tensor& x, const at::Tensor& w, int64_t heads) {
@@ -145,10 +125,19 @@ at::Tensor block_diag_transform(const at::Tensor& x, const at::Tensor& w, int64_
   STRATA_CHECK_ARG(w.scalar_type() == x.scalar_type() && w.device() == x.device(), where, "w",
                    cat("x's dtype and device (", binding::torch_dtype_name(x), " on ", x.device(), ")"),
                    cat(describe(w), " on ", w.device()));
-  const int64_t n = rows_of(x);
-  const at::Tensor y = at::bmm(x.reshape({n, p, m}).transpose(0, 1), w);  // p x n x (heads*r), chunk k by block k
-  // out[t, h, rho*p + k] = y[k, t, h*r + rho].
-  return y.view({p, n, heads, r}).permute({1, 2, 3, 0}).reshape(head_sizes(x, heads, r * p));
+  // One block-diagonal stage (p chunks of m features -> heads*r each: w as it is), then the output
+  // permutation out[h, rho*p + k] <- stage output [k, h*r + rho].
+  StructuredSpec spec{"block_diag_heads", p * m, p * heads * r, {}};
+  StructuredLevel lv;
+  lv.inner = p * heads * r;
+  lv.right = {StageKind::blocks, p};
+  lv.left = {StageKind::identity, 1};
+  lv.out_perm.resize(size_t(lv.inner));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t rho = 0; rho < r; ++rho)
+      for (int64_t k = 0; k < p; ++k) lv.out_perm[size_t((h * r + rho) * p + k)] = k * heads * r + h * r + rho;
+  spec.levels.push_back(std::move(lv));
+  return structured_linear(spec, x, {w}).reshape(head_sizes(x, heads, r * p));
 }
 
 double bilinear_btt_logit_scale(int64_t dim, const std::string& logit_scale) {

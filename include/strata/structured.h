@@ -82,6 +82,7 @@ enum class BttFactorize : uint8_t { reference = 0, balanced = 1 };
 struct BttShape {
   int64_t a = 0, b = 0;  // out = heads * a * b
   int64_t c = 0, d = 0;  // in = c * d
+  bool operator==(const BttShape&) const = default;
 };
 BttShape btt_factorize(int64_t in, int64_t out_per_head, BttFactorize rule = BttFactorize::reference);
 // BTT of rank s (the structured-attention paper; ref BilinearBTTAttention with `heads` heads):

@@ -49,7 +49,8 @@ _ops = torch.ops.strata
 def btt_factorize(dim: int, rule: str = "ref") -> Tuple[int, int, int, int]:
     """(a, b, c, d) with a*b = c*d = dim. "ref": the reference's, b = d = the smallest divisor of
     dim strictly above sqrt(dim), a = c = dim / b (64 -> (4, 16, 4, 16), 384 -> (16, 24, ..));
-    "balanced": a = b = c = d = sqrt(dim). RuntimeError naming 'dim' when there is none."""
+    "balanced": the divisor pair closest to sqrt(dim) (a = b = c = d = sqrt(dim) for a square); both are
+    the core's rules (strata/structured.h). RuntimeError naming 'dim' for dim < 2 ("ref") or < 1."""
     where = "btt_factorize"
     return tuple(_ops.btt_factorize(_check.integer(dim, where, "dim"), _check.string(rule, where, "rule")))
 
@@ -95,7 +96,7 @@ class BilinearBTTAttention(torch.nn.Module):
     Args:
         embed_dim: D; num_heads: H (dividing D); each head attends with head dim D.
         btt_rank: s >= 1.
-        factorization: "ref" (default, the reference's rule) or "balanced" (D a perfect square);
+        factorization: "ref" (default, the reference's rule) or "balanced" (the divisor pair closest to sqrt(D));
         btt_shape: an explicit (a, b, c, d) with a*b = c*d = D instead.
         logit_scale: "sp" (1/sqrt(D)) or "mup" (1/D).
         bias: biases of V, the out projection and the LayerNorms (the reference's config.bias).

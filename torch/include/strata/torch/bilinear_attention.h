@@ -36,29 +36,29 @@
 #include <utility>
 #include <vector>
 
+#include "strata/structured.h"
 #include "strata/torch/mup.h"
 
 namespace strata::torch {
 
-// A BTT factorisation D = a*b = c*d.
-struct BttShape {
-  int64_t a = 0, b = 0, c = 0, d = 0;
-  bool operator==(const BttShape&) const = default;
-};
+// A BTT factorisation D = a*b = c*d (the core's, strata/structured.h).
+using BttShape = ::strata::BttShape;
 
 // The factorisation of dim by `rule`:
 //   "ref": the reference's: b = d = the smallest divisor of dim strictly greater than sqrt(dim),
 //          a = c = dim / b (64 -> (4, 16), 384 -> (16, 24), 1024 -> (16, 64); a prime -> (1, dim));
-//   "balanced": a = b = c = d = sqrt(dim), dim a perfect square.
-// Throws naming 'dim' when the rule has no factorisation of it (dim < 2; "balanced" and dim not
-// a square), 'rule' for an unknown rule.
+//   "balanced": the divisor pair closest to sqrt(dim), a <= b (a = b = c = d = sqrt(dim) for a square).
+// Both are strata::btt_factorize's rules. Throws naming 'dim' for dim < 2 ("ref") or dim < 1, 'rule'
+// for an unknown rule.
 BttShape btt_factorize(int64_t dim, const std::string& rule = "ref");
 
 // The BTT transform of the key side, per head: y[..., h, i_a*b + j_b] = sum over (i_c, i_d) of
 // M_h[(i_a*b + j_b), (i_c*d + i_d)] x[..., i_c*d + i_d] (M_h as in the file comment).
 //   x: ... x (c*d);  w_k: c x d x (heads*b*s);  w_q: (heads*b) x a x (c*s)  ->  ... x heads x (a*b)
-// Two batched GEMMs (c GEMMs by W_K, heads*b by W_Q), differentiable. Throws naming the argument
-// whose shape does not fit.
+// The core's structured operator (strata/structured.h: btt_spec(shape, s, heads), whose factors are
+// exactly W_K and W_Q) through strata::torch::structured_linear: the fused CPU kernel for float32 /
+// bfloat16, the double reference for float64; differentiable. Throws naming the argument whose shape
+// does not fit.
 at::Tensor btt_key_transform(const at::Tensor& x, const at::Tensor& w_k, const at::Tensor& w_q, int64_t heads);
 
 // The block-diagonal transform of one bilinear-MLR level: x split into p chunks of m features,
