@@ -22,6 +22,15 @@
 // <dW, dM(U)> with dM(U) = (M(F + U) - M(F - U)) / 2, exact for M quadratic in the factors (every
 // level is bilinear in its two stages), formed with the fp32 to_dense (1e-3: differences of fp32
 // matrices).
+// End to end (one group per D, fwd and fwd+bwd): strata::torch::BilinearBTTAttention (D, H = 8 heads,
+// BTT s = 1 by the reference's rule, causal, fp32; its key transform on the structured kernel, its
+// attention on the dense kernel with head dim D and the query shared by the heads) against standard
+// causal attention of the same width (q, k, v, out Linear D -> D, SDPA with head dim D / H), T = 1024
+// tokens (--smoke: 64, H = 4). Check: ours' output on the first 64 tokens of the last timed call vs
+// the same module in float64 (causal: those rows depend on those tokens only), 1e-4; the fwd+bwd
+// rows also need finite gradients. FLOPs (2 x MACs, causal attention counted over the allowed
+// pairs): ours = the key transform (structured_flops) + V and out projections 4 T D^2 + H T^2 (D +
+// D/H); standard = 8 T D^2 + 2 T^2 D; fwd+bwd = 3 x fwd for both (the linear layers' convention).
 // FLOPs: ours strata::structured_flops (2 x MACs in the order the kernel runs; backward 2x), the
 // peer 2 N D^2 (backward 2x). flop_ratio = peer / ours; fraction_of_ratio = speedup / flop_ratio.
 #include <ATen/ATen.h>
@@ -41,6 +50,7 @@
 #include "session.h"
 #include "strata/error.h"
 #include "strata/structured.h"
+#include "strata/torch/bilinear_attention.h"
 #include "strata/torch/structured.h"
 #include "strata/torch/view_of.h"
 
@@ -181,6 +191,85 @@ void run_operator(BenchReport& rep, const Operator& op, int64_t N, const TimingP
   }
 }
 
+// Bilinear BTT attention end to end against standard attention of the same width (file comment).
+void run_bilinear_btt(BenchReport& rep, int64_t D, int64_t H, int64_t T, const TimingPlan& plan) {
+  at::manual_seed(20250710);
+  namespace st = strata::torch;
+  st::BilinearBTTAttention ours(st::BilinearBTTAttentionOptions(D, H));
+  ::torch::nn::Linear wq(D, D), wk(D, D), wv(D, D), wo(D, D);
+  const at::Tensor x = at::randn({1, T, D});
+  const auto standard = [&](const at::Tensor& in) {
+    const auto heads = [&](const at::Tensor& t) { return t.view({1, T, H, D / H}).transpose(1, 2); };
+    const at::Tensor o = at::scaled_dot_product_attention(heads(wq(in)), heads(wk(in)), heads(wv(in)), {}, 0.0, true);
+    return wo(o.transpose(1, 2).reshape({1, T, D}));
+  };
+  // the check's truth: the module in float64 on the first 64 tokens
+  const int64_t C = std::min<int64_t>(T, 64);
+  at::Tensor want;
+  {
+    at::NoGradGuard no_grad;
+    auto ref = std::dynamic_pointer_cast<st::BilinearBTTAttentionImpl>(ours->clone());
+    ref->to(at::kDouble);
+    want = ref->forward(x.narrow(1, 0, C).to(at::kDouble));
+  }
+  const BttShape shape = btt_factorize(D, D);
+  const double Td = double(T), Dd = double(D), Hd = double(H);
+  const double ours_fwd = structured_flops(btt_spec(shape, 1, H), T) + 4 * Td * Dd * Dd + Hd * Td * Td * (Dd + Dd / Hd);
+  const double std_fwd = 8 * Td * Dd * Dd + 2 * Td * Td * Dd;
+  for (const bool backward : {false, true}) {
+    at::Tensor y_ours, y_std, gx;
+    std::vector<BenchMethod> fns;
+    if (!backward) {
+      fns.push_back({"strata.bilinear_btt", [&] {
+                       at::NoGradGuard g;
+                       y_ours = ours->forward(x);
+                     }});
+      fns.push_back({"standard attention", [&] {
+                       at::NoGradGuard g;
+                       y_std = standard(x);
+                     }});
+    } else {
+      fns.push_back({"strata.bilinear_btt", [&] {
+                       const at::Tensor xg = x.detach().requires_grad_(true);
+                       y_ours = ours->forward(xg);
+                       y_ours.sum().backward();
+                       gx = xg.grad();
+                       y_ours = y_ours.detach();
+                     }});
+      fns.push_back({"standard attention", [&] {
+                       const at::Tensor xg = x.detach().requires_grad_(true);
+                       standard(xg).sum().backward();
+                     }});
+    }
+    double err = 0;
+    bool finite = true;
+    const auto check = [&] {
+      err = max_rel_err(y_ours.narrow(1, 0, C), want);
+      if (backward) finite = gx.defined() && gx.isfinite().all().item<bool>();
+    };
+    const auto secs = run_timed_group(fns, plan, check, CorruptFn()).secs;
+    const double mult = backward ? 3.0 : 1.0;
+    BenchRow row;
+    row.case_name = backward ? "fwd+bwd causal" : "fwd causal";
+    row.method = "strata.bilinear_btt";
+    row.peer = "standard attention";
+    row.shape = {{"batch", 1}, {"tokens", T}, {"width", D}, {"heads", H}, {"btt_a", shape.a}, {"btt_b", shape.b}};
+    row.shape_label = fmt::format("bilinear BTT D={} H={} T={}", D, H, T);
+    row.dtype = "float32";
+    row.tolerance = kTolerance;
+    row.checked_against = "the module in float64 (first 64 tokens)";
+    row.ref_max_rel_err = err;
+    row.correct = err < kTolerance && finite;
+    row.flops = mult * ours_fwd;
+    row.peer_flops = mult * std_fwd;
+    set_row_times(row, secs[0], secs[1]);
+    row.extra = {{"flop_ratio", std_fwd / ours_fwd}};
+    rep.rows.push_back(std::move(row));
+    const BenchRow& r = rep.rows.back();
+    print_peer_table_row(r, rep.peak.all_gflops, fmt::format("FLOP ratio {:.2f} (standard / ours)", std_fwd / ours_fwd));
+  }
+}
+
 }  // namespace
 
 CLI::App* add_bench_structured(CLI::App& bench, BenchStructuredOptions& o) {
@@ -232,6 +321,11 @@ int run_bench_structured(const BenchStructuredOptions& o) {
     }
   STRATA_CHECK(ran > 0, "strata bench structured: argument '--operator': expected names from the sweep (e.g. "
                "\"btt s=1\", \"monarch\"), got none that match");
+  if (o.ops.empty())
+    for (int64_t d : sel) {
+      run_bilinear_btt(rep, d, o.smoke ? 4 : 8, o.smoke ? 64 : 1024, plan);
+      if (!o.json.empty()) write_json(rep, o.json);
+    }
   rep.targets = targets;
   finish_report(rep, threads, o.json, o.csv);
   print_targets(rep.targets);
