@@ -14,6 +14,12 @@ namespace {
 
 using namespace binding;  // qkv_views, parse_layout, empty_in_order_of, ... (binding_util.h)
 
+// q, k, v as checked views: GQA or a shared query (strata/attention.h).
+QkvViews attention_views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Layout l,
+                         const DTypes& allowed) {
+  return qkv_views(where, q, k, v, l, allowed, /*self_attention=*/false, HeadGroups::gqa_or_shared_q);
+}
+
 // Converts the user-facing arguments to core options (masks as views, no copies). q_dt: the dtype
 // of q, one of the bias's allowed dtypes.
 AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout l, DType q_dt) {
@@ -52,12 +58,13 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
                                                      const at::Tensor& v, const AttentionArgs& a) {
   const char* where = "attention_forward";
   const Layout l = parse_layout(where, a.layout);
-  const QkvViews in = qkv_views(where, q, k, v, l, kKernelDTypes);
+  const QkvViews in = attention_views(where, q, k, v, l, kKernelDTypes);
   const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
   const AttnDims& d = in.d;
-  // out: batch x seq_q x heads_q x head_dim_v (in q's layout and memory order); lse: batch x heads_q x seq_q
-  at::Tensor out = empty_in_order_of(q, sizes_in(l, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v), q.scalar_type());
-  at::Tensor lse = at::empty({d.batch, d.heads_q, d.seqlen_q}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  // out: batch x seq_q x H x head_dim_v (in q's layout and memory order); lse: batch x H x seq_q;
+  // H = max(heads_q, heads_kv)
+  at::Tensor out = empty_in_order_of(q, sizes_in(l, d.batch, d.seqlen_q, d.heads(), d.head_dim_v), q.scalar_type());
+  at::Tensor lse = at::empty({d.batch, d.heads(), d.seqlen_q}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
   strata::attention_forward(in.q, in.k, in.v, view_of(out, where, "out"), view_of(lse, where, "lse"), opt);
   return {out, lse};
 }
@@ -67,11 +74,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& lse, const at::Tensor& dout, const AttentionArgs& a) {
   const char* where = "attention_backward";
   const Layout l = parse_layout(where, a.layout);
-  const QkvViews in = qkv_views(where, q, k, v, l, kKernelDTypes);
+  const QkvViews in = attention_views(where, q, k, v, l, kKernelDTypes);
   const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
   const TensorView gv = view_of(dout, where, "dout");
   const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
-  // dq, dk, dv: shapes, dtypes and memory order of q, k, v
+  // dq, dk, dv: shapes, dtypes and memory order of q, k, v (empty_like: contiguous for an overlapping
+  // input such as an expand()ed q, whose heads each get their own dq; autograd sums them)
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   strata::attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
                              view_of(dv, where, "dv"), opt);
@@ -82,12 +90,12 @@ std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor&
                                                                const at::Tensor& v, const AttentionArgs& a) {
   const char* where = "reference_attention_forward";
   const Layout l = parse_layout(where, a.layout);
-  const QkvViews in = qkv_views(where, q, k, v, l, kReferenceDTypes);
+  const QkvViews in = attention_views(where, q, k, v, l, kReferenceDTypes);
   const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
   const AttnDims& d = in.d;
   validate(where, opt, d);
-  at::Tensor out = empty_reference_out(l, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v);
-  at::Tensor lse = at::empty({d.batch, d.heads_q, d.seqlen_q}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
+  at::Tensor out = empty_reference_out(l, d.batch, d.seqlen_q, d.heads(), d.head_dim_v);
+  at::Tensor lse = at::empty({d.batch, d.heads(), d.seqlen_q}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
   reference::attention_forward(in.q, in.k, in.v, opt, out.data_ptr<double>(), lse.data_ptr<double>());
   return {out, lse};
 }
@@ -97,12 +105,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_attention_backward(
     const AttentionArgs& a) {
   const char* where = "reference_attention_backward";
   const Layout l = parse_layout(where, a.layout);
-  const QkvViews in = qkv_views(where, q, k, v, l, kReferenceDTypes);
+  const QkvViews in = attention_views(where, q, k, v, l, kReferenceDTypes);
   const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
   const AttnDims& d = in.d;
   validate(where, opt, d);
   const TensorView gv = view_of(dout, where, "dout", DTypes{in.q.dtype}, " (same as q)");
-  check_4d(where, "dout", gv, l, in.q.dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, "(shape of out)");
+  check_4d(where, "dout", gv, l, in.q.dtype, d.batch, d.seqlen_q, d.heads(), d.head_dim_v, "(shape of out)");
   at::Tensor gq = empty_reference_out(l, d.batch, d.seqlen_q, d.heads_q, d.head_dim);
   at::Tensor gk = empty_reference_out(l, d.batch, d.seqlen_k, d.heads_kv, d.head_dim);
   at::Tensor gvv = empty_reference_out(l, d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v);

@@ -48,7 +48,7 @@ variable_list once_differentiable(variable_list grads, const variable_list& depe
 }
 
 struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction> {
-  // q, k, v in a.layout (see the header); returns out: batch x seq_q x heads_q x head_dim_v.
+  // q, k, v in a.layout (see the header); returns out: batch x seq_q x H x head_dim_v.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionArgs& a) {
     at::Tensor out, lse;

@@ -31,19 +31,20 @@ using detail::cat;
 inline std::string torch_dtype_name(const at::Tensor& t) { return c10::getDtypeNames(t.scalar_type()).first; }
 
 // q, k, v of an attention call as views, checked by the core (strata/checks.h): q's dtype among
-// `allowed`, k and v of q's dtype, then check_qkv. d: the call's sizes.
+// `allowed`, k and v of q's dtype, then check_qkv (heads as `groups` allows). d: the call's sizes.
 struct QkvViews {
   TensorView q, k, v;
   AttnDims d;
 };
 inline QkvViews qkv_views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Layout l,
-                          const DTypes& allowed, bool self_attention = false) {
+                          const DTypes& allowed, bool self_attention = false,
+                          HeadGroups groups = HeadGroups::gqa) {
   QkvViews r;
   r.q = view_of(q, where, "q", allowed);
   const DTypes same{r.q.dtype};
   r.k = view_of(k, where, "k", same, " (same as q)");
   r.v = view_of(v, where, "v", same, " (same as q)");
-  r.d = check_qkv(where, r.q, r.k, r.v, l, allowed, self_attention);
+  r.d = check_qkv(where, r.q, r.k, r.v, l, allowed, self_attention, groups);
   return r;
 }
 

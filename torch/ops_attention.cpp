@@ -32,7 +32,7 @@ AttentionArgs make_args(std::optional<double> scale, bool causal, int64_t window
   return a;
 }
 
-// strata::attention_forward (CPU): q, k, v in `layout`; returns (out, lse f32 [B, Hq, Nq]).
+// strata::attention_forward (CPU): q, k, v in `layout`; returns (out, lse f32 [B, H, Nq]), H = max(Hq, Hkv).
 std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               std::optional<double> scale, bool causal, int64_t window_left,
                                               int64_t window_right, int64_t num_global,
@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
   });
 }
 
-// strata::attention (differentiable): returns out, batch x seq_q x heads_q x head_dim_v in `layout`.
+// strata::attention (differentiable): returns out, batch x seq_q x H x head_dim_v in `layout`.
 at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale,
                         bool causal, int64_t window_left, int64_t window_right, int64_t num_global,
                         const std::optional<at::Tensor>& key_padding_mask, const std::optional<at::Tensor>& bias,

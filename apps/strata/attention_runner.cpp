@@ -21,7 +21,7 @@
 namespace strata::app {
 
 std::string attention_case_name(const AttnCase& c) {
-  return std::string(c.backward ? "fwd+bwd" : "fwd") + (c.causal ? " causal" : "");
+  return std::string(c.backward ? "fwd+bwd" : "fwd") + (c.causal ? " causal" : "") + (c.shared_q ? " shared-q" : "");
 }
 
 double attention_tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2e-2 : 1e-4; }
@@ -70,7 +70,8 @@ double row_flops(const AttnCase& c) {
   AttnDims d;
   d.batch = c.batch;
   d.seqlen_q = d.seqlen_k = c.seq;
-  d.heads_q = d.heads_kv = c.heads;
+  d.heads_q = c.shared_q ? 1 : c.heads;
+  d.heads_kv = c.heads;
   d.head_dim = d.head_dim_v = c.head_dim;
   const AttentionFlops f = attention_flops(d, c.causal);
   return c.backward ? f.forward + f.backward : f.forward;
@@ -89,10 +90,16 @@ double outputs_err(const Outputs& a, const Outputs& b, bool backward) {
   return err;
 }
 
-// SDPA forward + backward through autograd; q, k, v are leaves that require grad.
+// q (batch x 1 or k's heads x seq x dim) expanded to k's heads (no copy; a no-op unless shared).
+at::Tensor q_for_sdpa(const at::Tensor& q, const at::Tensor& k) {
+  return q.expand({q.size(0), k.size(1), q.size(2), q.size(3)});
+}
+
+// SDPA forward + backward through autograd; q, k, v are leaves that require grad (q expanded to
+// k's heads by q_for_sdpa: its dq is the sum over the heads).
 Outputs sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
                       bool causal) {
-  const at::Tensor o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+  const at::Tensor o = at::scaled_dot_product_attention(q_for_sdpa(q, k), k, v, {}, 0.0, causal);
   const auto g = ::torch::autograd::grad({o}, {q, k, v}, {dout});
   return {o.detach(), g[0], g[1], g[2]};
 }
@@ -102,7 +109,8 @@ Outputs sdpa_fp32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   bool causal, bool backward) {
   if (!backward) {
     Outputs out;
-    out.o = at::scaled_dot_product_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), {}, 0.0, causal);
+    out.o = at::scaled_dot_product_attention(q_for_sdpa(q, k).to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), {},
+                                             0.0, causal);
     return out;
   }
   return sdpa_autograd(q.to(at::kFloat).requires_grad_(true), k.to(at::kFloat).requires_grad_(true),
@@ -120,10 +128,12 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
                    "float32 or bfloat16", c10::toString(c.dtype));
   STRATA_CHECK_ARG(plan.reps >= 1, where, "plan.reps", ">= 1", plan.reps);
 
-  // batch x heads x seq x head_dim, contiguous: SDPA's native layout, "bhsd" for strata.
+  // batch x heads x seq x head_dim, contiguous: SDPA's native layout, "bhsd" for strata (q with
+  // one head when shared).
   at::manual_seed(20240611);
   const std::vector<int64_t> sizes{c.batch, c.heads, c.seq, c.head_dim};
-  const at::Tensor q = at::randn(sizes).to(c.dtype), k = at::randn(sizes).to(c.dtype),
+  const std::vector<int64_t> q_sizes{c.batch, c.shared_q ? 1 : c.heads, c.seq, c.head_dim};
+  const at::Tensor q = at::randn(q_sizes).to(c.dtype), k = at::randn(sizes).to(c.dtype),
                    v = at::randn(sizes).to(c.dtype), dout = at::randn(sizes).to(c.dtype);
   strata::torch::AttentionArgs args;
   args.causal = c.causal;
@@ -134,7 +144,7 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
   at::Tensor qg, kg, vg;  // leaves that require grad, for SDPA's autograd backward
   if (!c.backward) {
     ours = [&] { ours_out.o = std::get<0>(strata::torch::attention_forward(q, k, v, args)); };
-    peer = [&] { peer_out.o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, c.causal); };
+    peer = [&] { peer_out.o = at::scaled_dot_product_attention(q_for_sdpa(q, k), k, v, {}, 0.0, c.causal); };
   } else {
     qg = q.detach().requires_grad_(true);
     kg = k.detach().requires_grad_(true);
@@ -177,6 +187,10 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
   row.peer = "torch.sdpa";
   row.shape = {{"batch", c.batch}, {"heads", c.heads}, {"seq", c.seq}, {"head_dim", c.head_dim}};
   row.shape_label = fmt::format("B={} H={} N={} D={}", c.batch, c.heads, c.seq, c.head_dim);
+  if (c.shared_q) {
+    row.shape["heads_q"] = 1;
+    row.shape_label = fmt::format("B={} Hq=1 H={} N={} D={}", c.batch, c.heads, c.seq, c.head_dim);
+  }
   row.dtype = c.dtype == at::kBFloat16 ? "bfloat16" : "float32";
   row.flops = row_flops(c);
   set_row_times(row, t.secs[0], t.secs[1]);

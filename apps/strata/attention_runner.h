@@ -25,9 +25,13 @@ struct AttnCase {
   bool causal = false;
   bool backward = false;  // false: forward only; true: forward + backward (wall time of both)
   at::ScalarType dtype = at::kFloat;
+  // One query head shared by all `heads` kv heads (Bilinear BTT attention's raw block input):
+  // strata gets q with 1 head; the peer, SDPA, gets q.expand() to the heads (what a user of
+  // SDPA would do; its autograd sums the heads' dq).
+  bool shared_q = false;
 };
 
-// "fwd", "fwd causal", "fwd+bwd", "fwd+bwd causal".
+// "fwd", "fwd causal", "fwd+bwd", "fwd+bwd causal"; with " shared-q" appended for shared_q.
 std::string attention_case_name(const AttnCase& c);
 
 // Tolerance on the normwise relative error: 1e-4 for float32, 2e-2 for bfloat16.

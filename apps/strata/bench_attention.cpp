@@ -7,6 +7,12 @@
 // fwd N 1024/4096 causal and not, fp32 fwd+bwd N 1024/4096, bf16 fwd N 4096 causal and not), 5
 // rounds each, about 1.5 minutes on 2 idle cores (51 s with the former 3). Timing and the check of
 // the timed outputs: bench_harness.h, through run_attention_row.
+//
+// --shared-q: instead, a query shared by all 8 heads (Bilinear BTT attention: the raw block input
+// attends against every head's keys with head dim = model width): strata gets q with one head,
+// SDPA gets it expand()ed to the 8 heads. N in {256, 1024, 4096} at 4096 tokens (batch 4096 / N),
+// head_dim 256 and 1024, causal and not, fwd and fwd+bwd, float32 and bfloat16 (48 rows; --quick:
+// the 4 float32 non-causal rows at N = 1024).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -22,12 +28,14 @@ namespace strata::app {
 namespace {
 
 constexpr int64_t kTotalTokens = 16384;
+constexpr int64_t kSharedQTokens = 4096;  // --shared-q rows: head dims 4-16x the sweep's, fewer tokens
 constexpr int64_t kHeads = 8;
 
 // One case of the sweep: batch from the fixed token budget.
-AttnCase sweep_case(int64_t n, int64_t d, bool causal, bool backward, at::ScalarType dtype) {
+AttnCase sweep_case(int64_t n, int64_t d, bool causal, bool backward, at::ScalarType dtype,
+                    int64_t total_tokens = kTotalTokens) {
   AttnCase c;
-  c.batch = std::max<int64_t>(1, kTotalTokens / n);
+  c.batch = std::max<int64_t>(1, total_tokens / n);
   c.heads = kHeads;
   c.seq = n;
   c.head_dim = d;
@@ -57,6 +65,21 @@ std::vector<AttnCase> attention_sweep(bool quick) {
   return cases;
 }
 
+// The rows of --shared-q (the file comment), in table order (dtype, pass, head_dim, causal, N).
+std::vector<AttnCase> shared_query_sweep(bool quick) {
+  std::vector<AttnCase> cases;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (bool backward : {false, true})
+      for (int64_t d : {256, 1024})
+        for (bool causal : {false, true})
+          for (int64_t n : {256, 1024, 4096}) {
+            if (quick && (dtype != at::kFloat || causal || n != 1024)) continue;
+            cases.push_back(sweep_case(n, d, causal, backward, dtype, kSharedQTokens));
+            cases.back().shared_q = true;
+          }
+  return cases;
+}
+
 // True when `c` passes the --seq / --head-dim / --dtype / --pass filters (empty = no filter).
 bool selected(const AttnCase& c, const BenchAttentionOptions& o) {
   const auto has = [](const auto& list, const auto& x) {
@@ -75,6 +98,9 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
       "Dense attention: strata's flash kernel vs torch scaled_dot_product_attention (same tensors,\n"
       "same process, same threads, interleaved timing, correctness checked on every row)");
   cmd->add_flag("--quick", o.quick, "8-row subset (N 1024/4096, d 64), about 1.5 minutes on 2 idle cores");
+  cmd->add_flag("--shared-q", o.shared_q,
+                "rows of one query shared by 8 heads (Bilinear BTT attention) at head_dim 256 and 1024,\n"
+                "4096 tokens; the peer is SDPA on q.expand() to the heads (--quick: 4 float32 rows)");
   cmd->add_option("--seq", o.seq, "keep only rows with these sequence lengths (repeatable)")->type_name("N");
   cmd->add_option("--head-dim", o.head_dim, "keep only rows with these head dims (repeatable)")->type_name("D");
   cmd->add_option("--dtype", o.dtype, "keep only rows of these dtypes (repeatable)")
@@ -90,11 +116,11 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
 int run_bench_attention(const BenchAttentionOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<AttnCase> cases;
-  for (const AttnCase& c : attention_sweep(o.quick))
+  for (const AttnCase& c : o.shared_q ? shared_query_sweep(o.quick) : attention_sweep(o.quick))
     if (selected(c, o)) cases.push_back(c);
   STRATA_CHECK(!cases.empty(), "strata bench attention: arguments '--seq', '--head-dim', '--dtype', '--pass': "
                "expected a selection that keeps at least one row of the ", o.quick ? "quick" : "full",
-               " sweep, got none");
+               o.shared_q ? " --shared-q" : "", " sweep, got none");
   const int threads = configure_threads(o.threads);
   fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
   std::fflush(stdout);
@@ -105,7 +131,8 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   // towards that, never under the floor.
   const TimingPlan plan = bench_timing_plan(o.reps, o.quick, false, 8.0);
   fmt::print("{} rows, {} timed rounds each (ABBA order, after a warm-up), ours = strata.flash (layout bhsd), "
-             "peer = torch.sdpa\n", cases.size(), plan.reps);
+             "peer = torch.sdpa{}\n", cases.size(), plan.reps,
+             o.shared_q ? " (q expanded to the heads; ours reads the one shared q)" : "");
   print_table_header();
   for (const AttnCase& c : cases) {
     rep.rows.push_back(run_attention_row(c, plan));

@@ -23,6 +23,7 @@ void add_bench_output_options(CLI::App* cmd, std::string& json, std::string& csv
 
 struct BenchAttentionOptions {
   bool quick = false;
+  bool shared_q = false;  // the shared-query rows instead of the sweep (bench_attention.cpp)
   std::string json, csv;  // "" = do not write
   int threads = 0;        // 0: default
   int reps = 0;           // 0: 7 (5 with --quick)

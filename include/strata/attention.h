@@ -1,16 +1,28 @@
 // strata/attention.h: dense softmax attention on the CPU, flash-style (tiled, online softmax,
 // never an Nq x Nk buffer), forward and backward, plus the masks every baseline needs.
 //
-//   O = softmax(scale * Q K^T + bias + mask) V         per (batch, query head)
+//   O = softmax(scale * Q K^T + bias + mask) V         per (batch, head h of the output)
 //   lse[b, h, i] = log sum_j exp(scale * q_i . k_j + bias_ij)   over allowed keys j (natural log)
 //
 // Shapes (layout BSHD; with Layout::BHSD dims 1 and 2 are swapped, any strides):
 //   q    batch x seqlen_q x heads_q  x head_dim
-//   k    batch x seqlen_k x heads_kv x head_dim        heads_q % heads_kv == 0 (GQA / MQA)
+//   k    batch x seqlen_k x heads_kv x head_dim        one of heads_q, heads_kv divides the other
 //   v    batch x seqlen_k x heads_kv x head_dim_v
-//   o    batch x seqlen_q x heads_q  x head_dim_v      same dtype as q
-//   lse  batch x heads_q  x seqlen_q                   float32, any strides
+//   o    batch x seqlen_q x H        x head_dim_v      H = max(heads_q, heads_kv); dtype of q
+//   lse  batch x H        x seqlen_q                   float32, any strides
+// Heads: output head h attends with query head h / (H / heads_q) and kv head h / (H / heads_kv):
+//   heads_q % heads_kv == 0   GQA / MQA: H = heads_q, each kv head serves heads_q / heads_kv
+//                             query heads (read once, never copied);
+//   heads_kv % heads_q == 0   shared query, its mirror: H = heads_kv, each query head serves
+//                             heads_kv / heads_q kv heads (heads_q = 1: one query for every head,
+//                             as Bilinear BTT attention's raw block input). The forward reads that
+//                             query for each of its heads (no copy); the backward's dq has q's
+//                             shape, the sum of its heads' contributions, summed in the kernel.
+// Anything else throws strata::Error naming 'k'. head_dim and head_dim_v are any sizes >= 1 (tested
+// up to 1024, e.g. Bilinear BTT's model width; workspaces grow linearly in them).
 // q, k, v, o (and the gradients) are float32 or bfloat16, all the same dtype; math is fp32.
+// Inputs may alias and have stride-0 dims (e.g. torch's expand); outputs (o, lse, dq, dk, dv)
+// must not overlap themselves (strata::Error naming the argument, after the other checks).
 //
 // Mask (all options combine; key j is allowed for query i when every condition holds):
 //   off = seqlen_k - seqlen_q, p = i + off   (bottom-right alignment, as FlashAttention)
@@ -19,13 +31,14 @@
 //   num_global = G:    Longformer-style global tokens: if j < G or p < G the window test is
 //                      waived (one softmax over window + globals); causal still applies
 //   key_padding_mask:  mask[b, j] != 0               (uint8, batch x seqlen_k)
-//   bias:              added to the logits           (broadcastable to batch x heads_q x seqlen_q
+//   bias:              added to the logits           (broadcastable to batch x H x seqlen_q
 //                                                     x seqlen_k via stride 0; f32 or q's dtype)
 // A query row with no allowed key outputs zeros, lse = -inf, and gets zero gradients (documented
 // choice; PyTorch's SDPA returns NaN there).
 //
 // Non-finite inputs (IEEE semantics, no error): a NaN or Inf reaches every output that reads it;
-// one in q row i reaches no other row's o, lse or dq; none crosses to another batch or kv head.
+// one in q row i reaches no other row's o, lse or dq; none crosses to another batch or kv head
+// (nor, with a shared query, to another query head).
 // Within a head it may also reach outputs of pairs whose mask excludes it, since masked
 // probabilities enter the P V and dS products as exact zeros (0 * Inf = NaN; so does SDPA).
 //
@@ -43,13 +56,14 @@
 // needs a pass over q and k (as costly as decoding itself) or a test in every kernel's inner
 // loop, and fp32 logits cannot hold the answer anyway. Tests: tests/cpp/core_nonfinite_test.cpp.
 //
-// Cost: 4 * B * Hq * Nq * Nk * D FLOPs forward (half that for causal), ~2.5x that backward.
+// Cost: 4 * B * H * Nq * Nk * D FLOPs forward (half that for causal), ~2.5x that backward.
 // With a left window (window_left >= 0) and no global tokens only the keys some query can reach
 // (the last Nq + window_left) are read: time and workspace follow the window, not Nk (the
 // backward still writes zeros to dk, dv of the others).
 // Limit: with a causal, window or global mask the keys in reach must number < 2^24 (the forward
 // kernel compares positions in fp32); more throw strata::Error naming 'k'.
-// Threads: parallel over (batch, head, query tile) forward and (batch, kv head, key tile) backward.
+// Threads: parallel over (batch, output head, query tile) forward and (batch, kv head, key tile)
+// backward.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -68,16 +82,16 @@ struct AttentionOptions {
   int64_t num_global = 0;     // first G key positions are global tokens (see above)
   Layout layout = Layout::BSHD;
   TensorView key_padding_mask;  // optional: batch x seqlen_k, uint8, nonzero = attend
-  TensorView bias;              // optional: 4-D, broadcastable to batch x heads_q x seqlen_q x seqlen_k
+  TensorView bias;              // optional: 4-D, broadcastable to batch x H x seqlen_q x seqlen_k
 };
 
 // Throws strata::Error naming the option unless opt fits a call of sizes d (strata/checks.h):
 // scale finite (or NaN), windows >= -1, num_global >= 0, key_padding_mask [batch, seq_k] uint8,
-// bias broadcastable to [batch, heads_q, seq_q, seq_k] of float32 or q's dtype.
+// bias broadcastable to [batch, d.heads(), seq_q, seq_k] of float32 or q's dtype.
 void validate(const char* where, const AttentionOptions& opt, const AttnDims& d);
 
 // FLOPs of one call under the project's convention (FlashAttention's; docs/methods.md):
-// forward 2 * batch * heads_q * seqlen_q * seqlen_k * (head_dim + head_dim_v) (QK^T and P V),
+// forward 2 * batch * H * seqlen_q * seqlen_k * (head_dim + head_dim_v) (QK^T and P V), H = d.heads(),
 // halved when causal (masks other than causal are not discounted); backward kBackwardFlops times
 // the forward.
 struct AttentionFlops {
@@ -128,7 +142,7 @@ void paper_gswa_backward(const TensorView& q, const TensorView& k, const TensorV
 
 // --- Naive double-precision references (materialise Nq x Nk; for tests and benchmarks only).
 // Same arguments and semantics as the kernels; outputs are double, contiguous, in the BSHD order:
-//   o: B*Nq*Hq*Dv, lse: B*Hq*Nq, dq: B*Nq*Hq*D, dk: B*Nk*Hkv*D, dv: B*Nk*Hkv*Dv.
+//   o: B*Nq*H*Dv, lse: B*H*Nq, dq: B*Nq*Hq*D, dk: B*Nk*Hkv*D, dv: B*Nk*Hkv*Dv (H = max(Hq, Hkv)).
 namespace reference {
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const AttentionOptions& opt, double* o, double* lse);

@@ -13,9 +13,21 @@
 namespace strata {
 
 // The logical sizes of one attention call (whatever the layout).
+// Heads: one of heads_q, heads_kv divides the other. heads_q % heads_kv == 0 is GQA / MQA (each kv
+// head serves heads_q / heads_kv query heads); heads_kv % heads_q == 0 (only where the family
+// accepts it, see HeadGroups) is its mirror, a shared query (each query head serves
+// heads_kv / heads_q kv heads). The output (o, lse, dout) has heads() = the larger count; output
+// head h reads query head h / (heads() / heads_q) and kv head h / (heads() / heads_kv).
 struct AttnDims {
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
   DType dtype = DType::f32;  // of q, k, v (and o and the gradients)
+  int64_t heads() const { return heads_q > heads_kv ? heads_q : heads_kv; }  // of o, lse, dout
+};
+
+// Which head counts of q and k an attention family accepts (AttnDims says what they mean).
+enum class HeadGroups {
+  gqa,              // heads_q % heads_kv == 0
+  gqa_or_shared_q,  // that, or heads_kv % heads_q == 0 (a query shared by groups of kv heads)
 };
 
 // A set of dtypes an argument may have.
@@ -41,10 +53,10 @@ inline constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
 
 // q, k, v of an attention call in `layout` (any strides): each 4-D with sizes >= 0 and data (or
 // empty); q's dtype among `dtypes` and k, v of q's dtype; head_dim, head_dim_v, heads >= 1;
-// heads_q % heads_kv == 0; k of q's batch and head_dim, v of k's batch, seq and heads.
+// heads as `groups` allows (an error names 'k'); k of q's batch and head_dim, v of k's batch, seq and heads.
 // self_attention: k must also have q's seq.
 AttnDims check_qkv(const char* where, const TensorView& q, const TensorView& k, const TensorView& v, Layout layout,
-                   const DTypes& dtypes, bool self_attention = false);
+                   const DTypes& dtypes, bool self_attention = false, HeadGroups groups = HeadGroups::gqa);
 
 // Query and key sequences below kMaxSeqLen, for kernels that compare positions in fp32 lanes;
 // keys_note is appended to the key's message (e.g. what bounds the keys counted).
@@ -55,10 +67,15 @@ void check_positions(const char* where, int64_t seqlen_q, int64_t seqlen_k, cons
 void check_4d(const char* where, const char* arg, const TensorView& t, Layout layout, DType dtype, int64_t b,
               int64_t s, int64_t h, int64_t d, const char* why);
 
-// The output o of an attention call: (batch, seqlen_q, heads_q, head_dim_v), q's dtype.
+// An output a kernel writes: no two of its elements share memory (a stride-0 or otherwise
+// overlapping view, e.g. torch's expand(), would have its rows written over one another). The
+// dense family calls it on o, lse, dq, dk, dv after its other checks.
+void check_no_overlap(const char* where, const char* arg, const TensorView& t);
+
+// The output o of an attention call: (batch, seqlen_q, d.heads(), head_dim_v), q's dtype.
 void check_out(const char* where, const TensorView& o, Layout layout, const AttnDims& d);
 
-// lse: [batch, heads_q, seqlen_q], float32, any strides.
+// lse: [batch, d.heads(), seqlen_q], float32, any strides.
 void check_lse(const char* where, const TensorView& lse, const AttnDims& d);
 
 // The gradients of a backward: dout like o, dq like q, dk like k, dv like v, all of q's dtype.

@@ -8,10 +8,17 @@ Semantics (masks, lse, the fully-masked-row convention) are those of
 Shapes, layout "bshd" ("bhsd" swaps dims 1 and 2)::
 
     q    batch x seq_q x heads_q  x head_dim
-    k    batch x seq_k x heads_kv x head_dim       heads_q % heads_kv == 0 (GQA / MQA)
+    k    batch x seq_k x heads_kv x head_dim       one of heads_q, heads_kv divides the other
     v    batch x seq_k x heads_kv x head_dim_v
-    out  batch x seq_q x heads_q  x head_dim_v     dtype of q, memory order of q
-    lse  batch x heads_q x seq_q                   float32, natural log
+    out  batch x seq_q x H        x head_dim_v     H = max(heads_q, heads_kv); dtype and memory order of q
+    lse  batch x H x seq_q                         float32, natural log
+
+Heads: output head h attends with query head ``h // (H // heads_q)`` and kv head
+``h // (H // heads_kv)``. ``heads_q % heads_kv == 0`` is GQA / MQA; ``heads_kv % heads_q == 0`` is
+its mirror, a query shared by groups of kv heads (``heads_q = 1``: one q for every head, as in
+Bilinear BTT attention), read in place for each head and never copied; its gradient has q's shape
+and sums the heads' contributions. (``q.expand(...)`` to H heads also works, at an H-fold cost in
+the backward.) head_dim is any size >= 1 (tested up to 1024).
 
 Tensors are CPU float32 or bfloat16, any strides; :func:`attention` and
 :func:`paper_gswa_attention` also take float64, computed by the double-precision reference
@@ -144,7 +151,7 @@ def attention(
     bias: Optional[torch.Tensor] = None,
     layout: str = "bshd",
 ) -> torch.Tensor:
-    """Differentiable attention: ``softmax(scale * q k^T + bias + mask) v`` per (batch, query head).
+    """Differentiable attention: ``softmax(scale * q k^T + bias + mask) v`` per (batch, head of out).
 
     Args (shapes in the module docstring):
         q, k, v: CPU float32 / bfloat16 (kernel) or float64 (double reference), one dtype.
@@ -154,13 +161,13 @@ def attention(
             p = i + seq_k - seq_q; -1 leaves that side unbounded.
         num_global: the first G positions are Longformer-style global tokens (window waived).
         key_padding_mask: batch x seq_k, bool or uint8, True / nonzero = attend.
-        bias: added to the logits, broadcastable to batch x heads_q x seq_q x seq_k (float32 or
+        bias: added to the logits, broadcastable to batch x H x seq_q x seq_k (float32 or
             q's dtype); it gets no gradient, so it must not require grad.
         layout: "bshd" or "bhsd".
 
     Returns:
-        out: batch x seq_q x heads_q x head_dim_v (in ``layout``). Query rows with no allowed key
-        are zeros and get zero gradients.
+        out: batch x seq_q x H x head_dim_v (in ``layout``), H = max(heads_q, heads_kv). Query
+        rows with no allowed key are zeros and get zero gradients.
     """
     where = "attention"
     return _ops.attention(*_check.tensors(where, q=q, k=k, v=v),
@@ -186,8 +193,8 @@ def attention_forward(
     :func:`attention`, which runs this kernel and :func:`attention_backward`).
 
     Returns:
-        (out: batch x seq_q x heads_q x head_dim_v in ``layout``,
-         lse: batch x heads_q x seq_q float32, log-sum-exp of the allowed logits, -inf for empty rows)
+        (out: batch x seq_q x H x head_dim_v in ``layout``, H = max(heads_q, heads_kv),
+         lse: batch x H x seq_q float32, log-sum-exp of the allowed logits, -inf for empty rows)
     """
     where = "attention_forward"
     return _ops.attention_forward(

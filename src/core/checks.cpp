@@ -1,6 +1,7 @@
 // src/core/checks.cpp: the shared argument checks (strata/checks.h).
 #include "strata/checks.h"
 
+#include <cstdlib>
 #include <string>
 
 namespace strata {
@@ -55,7 +56,7 @@ void check_4d(const char* where, const char* arg, const TensorView& t, Layout l,
 }
 
 AttnDims check_qkv(const char* where, const TensorView& q, const TensorView& k, const TensorView& v, Layout l,
-                   const DTypes& dtypes, bool self_attention) {
+                   const DTypes& dtypes, bool self_attention, HeadGroups groups) {
   STRATA_CHECK_ARG(l == Layout::BSHD || l == Layout::BHSD, where, "layout", "BSHD or BHSD", int(l));
   check_tensor(where, "q", q, l);
   STRATA_CHECK_ARG(dtypes.has(q.dtype), where, "q", detail::cat("dtype ", dtypes.names()), dtype_name(q.dtype));
@@ -67,7 +68,14 @@ AttnDims check_qkv(const char* where, const TensorView& q, const TensorView& k, 
   STRATA_CHECK_ARG(dk.h >= 1, where, "k", "heads >= 1", dk.h);
   check_4d(where, "k", k, l, q.dtype, dq.b, self_attention ? dq.s : dk.s, dk.h, dq.d,
            self_attention ? "(batch, seq and head_dim of q: self-attention only)" : "(batch and head_dim of q)");
-  STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  if (groups == HeadGroups::gqa_or_shared_q) {
+    STRATA_CHECK_ARG(dq.h % dk.h == 0 || dk.h % dq.h == 0, where, "k",
+                     detail::cat("heads dividing q's heads (", dq.h, ") (GQA) or a multiple of them (a query shared ",
+                                 "by groups of kv heads)"),
+                     dk.h);
+  } else {
+    STRATA_CHECK_ARG(dq.h % dk.h == 0, where, "k", detail::cat("heads dividing q's heads (", dq.h, ")"), dk.h);
+  }
   check_tensor(where, "v", v, l);
   const Dims dv = dims_of(v, l);
   STRATA_CHECK_ARG(dv.d >= 1, where, "v", "head_dim_v >= 1", dv.d);
@@ -85,15 +93,38 @@ void check_positions(const char* where, int64_t seqlen_q, int64_t seqlen_k, cons
                    seqlen_k);
 }
 
+void check_no_overlap(const char* where, const char* arg, const TensorView& t) {
+  if (t.numel() == 0) return;
+  // Dims of size > 1 by increasing |stride|: each stride must step past everything the smaller
+  // ones span (sufficient for no overlap; every dense or row-padded layout passes).
+  int order[TensorView::kMaxDims], n = 0;
+  for (int i = 0; i < t.ndim; ++i) {  // insertion by |stride| (std::sort on 6 ints trips -Warray-bounds)
+    if (t.shape[i] <= 1) continue;
+    int j = n++;
+    for (; j > 0 && std::abs(t.stride[order[j - 1]]) > std::abs(t.stride[i]); --j) order[j] = order[j - 1];
+    order[j] = i;
+  }
+  int64_t span = 0;  // elements spanned by the dims so far, minus one
+  for (int i = 0; i < n; ++i) {
+    const int64_t s = std::abs(t.stride[order[i]]);
+    STRATA_CHECK_ARG(s > span, where, arg,
+                     "a view whose elements do not overlap (it is written; a stride-0 dim, e.g. from expand(), "
+                     "would have its rows written over one another)",
+                     detail::cat("shape ", t.shape_str(), " with stride ", s, " on dim ", order[i]));
+    span += s * (t.shape[order[i]] - 1);
+  }
+}
+
 void check_out(const char* where, const TensorView& o, Layout l, const AttnDims& d) {
-  check_4d(where, "o", o, l, d.dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, "(q's batch, seq, heads; v's head_dim)");
+  check_4d(where, "o", o, l, d.dtype, d.batch, d.seqlen_q, d.heads(), d.head_dim_v,
+           "(q's batch and seq, the larger of q's and k's heads, v's head_dim)");
 }
 
 void check_lse(const char* where, const TensorView& lse, const AttnDims& d) {
   const bool shape_ok =
-      lse.ndim == 3 && lse.shape[0] == d.batch && lse.shape[1] == d.heads_q && lse.shape[2] == d.seqlen_q;
+      lse.ndim == 3 && lse.shape[0] == d.batch && lse.shape[1] == d.heads() && lse.shape[2] == d.seqlen_q;
   STRATA_CHECK_ARG(shape_ok, where, "lse",
-                   detail::cat("shape [", d.batch, ", ", d.heads_q, ", ", d.seqlen_q, "] (batch, heads_q, seq_q)"),
+                   detail::cat("shape [", d.batch, ", ", d.heads(), ", ", d.seqlen_q, "] (batch, heads of o, seq_q)"),
                    lse.shape_str());
   STRATA_CHECK_ARG(lse.dtype == DType::f32, where, "lse", "dtype float32", dtype_name(lse.dtype));
   STRATA_CHECK_ARG(lse.data != nullptr || lse.numel() == 0, where, "lse", "a non-null data pointer", "null");
@@ -102,7 +133,7 @@ void check_lse(const char* where, const TensorView& lse, const AttnDims& d) {
 void check_grads(const char* where, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                  const TensorView& dv, Layout l, const AttnDims& d) {
   const DType dtype = d.dtype;
-  check_4d(where, "dout", dout, l, dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, "(same as o)");
+  check_4d(where, "dout", dout, l, dtype, d.batch, d.seqlen_q, d.heads(), d.head_dim_v, "(same as o)");
   check_4d(where, "dq", dq, l, dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim, "(same as q)");
   check_4d(where, "dk", dk, l, dtype, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, "(same as k)");
   check_4d(where, "dv", dv, l, dtype, d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v, "(same as v)");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/attention_params.h"
@@ -18,6 +19,12 @@ namespace strata {
 namespace {
 
 using cpu::DenseAttnParams;
+
+// q, k, v of a dense attention call: GQA or a shared query (strata/attention.h).
+AttnDims check_dense_qkv(const char* where, const TensorView& q, const TensorView& k, const TensorView& v, Layout l,
+                         const DTypes& dtypes = kKernelDTypes) {
+  return check_qkv(where, q, k, v, l, dtypes, /*self_attention=*/false, HeadGroups::gqa_or_shared_q);
+}
 
 }  // namespace
 
@@ -38,12 +45,12 @@ void validate(const char* where, const AttentionOptions& opt, const AttnDims& d)
   check_key_padding_mask(where, opt.key_padding_mask, d.batch, d.seqlen_k);
   const TensorView& bias = opt.bias;
   if (given(bias)) {
-    const int64_t want[4] = {d.batch, d.heads_q, d.seqlen_q, d.seqlen_k};
+    const int64_t want[4] = {d.batch, d.heads(), d.seqlen_q, d.seqlen_k};
     bool ok = bias.ndim == 4;
     for (int i = 0; ok && i < 4; ++i) ok = bias.shape[i] == want[i] || bias.shape[i] == 1;
     STRATA_CHECK_ARG(ok, where, "bias",
                      detail::cat("4-D, broadcastable to [", want[0], ", ", want[1], ", ", want[2], ", ", want[3],
-                                 "] (batch, heads_q, seq_q, seq_k)"),
+                                 "] (batch, heads of o, seq_q, seq_k)"),
                      bias.shape_str());
     const bool dtype_ok = bias.dtype == DType::f32 || bias.dtype == d.dtype;
     STRATA_CHECK_ARG(dtype_ok, where, "bias",
@@ -61,10 +68,12 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
                             const TensorView& v, const TensorView& o, const TensorView& lse,
                             const AttentionOptions& opt) {
   const Layout L = opt.layout;
-  const AttnDims d = check_qkv(where, q, k, v, L, kKernelDTypes);
+  const AttnDims d = check_dense_qkv(where, q, k, v, L);
   check_out(where, o, L, d);
   check_lse(where, lse, d);
   validate(where, opt, d);
+  check_no_overlap(where, "o", o);
+  check_no_overlap(where, "lse", lse);
 
   DenseAttnParams p;
   cpu::fill_io(p, d, q, k, v, o, lse, L);
@@ -163,7 +172,9 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const char* where = "attention_backward";
   DenseAttnParams p = make_params(where, q, k, v, o, lse, opt);
   const Layout L = opt.layout;
-  check_grads(where, dout, dq, dk, dv, L, check_qkv(where, q, k, v, L, kKernelDTypes));
+  check_grads(where, dout, dq, dk, dv, L, check_dense_qkv(where, q, k, v, L));
+  for (const auto& [t, arg] : {std::pair{&dq, "dq"}, std::pair{&dk, "dk"}, std::pair{&dv, "dv"}})
+    check_no_overlap(where, arg, *t);
   cpu::fill_grads(p, dout, dq, dk, dv, L);
   const int64_t k0 = first_reachable_key(p);
   zero_leading_positions(dk, L, k0);  // keys no query reaches get no gradient
@@ -174,7 +185,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 
 AttentionFlops attention_flops(const AttnDims& d, bool causal) {
   AttentionFlops f;
-  f.forward = 2.0 * double(d.batch) * double(d.heads_q) * double(d.seqlen_q) * double(d.seqlen_k) *
+  f.forward = 2.0 * double(d.batch) * double(d.heads()) * double(d.seqlen_q) * double(d.seqlen_k) *
               double(d.head_dim + d.head_dim_v) * (causal ? 0.5 : 1.0);
   f.backward = AttentionFlops::kBackwardFlops * f.forward;
   return f;
@@ -240,7 +251,8 @@ void paper_gswa_forward(const TensorView& q, const TensorView& k, const TensorVi
   const int64_t a = opt.split_a, rest = g.D - a;
   attention_forward(dim_slice(q, 0, a), dim_slice(k, 0, a), v, o_a, lse_a, g.a);
   attention_forward(dim_slice(q, a, rest), dim_slice(k, a, rest), v, o_b, lse_b, g.b);
-  check_out("paper_gswa_forward", o, opt.layout, check_qkv("paper_gswa_forward", q, k, v, opt.layout, kKernelDTypes));
+  check_out("paper_gswa_forward", o, opt.layout, check_dense_qkv("paper_gswa_forward", q, k, v, opt.layout));
+  check_no_overlap("paper_gswa_forward", "o", o);
   add_4d(o, o_a, o_b);
 }
 

@@ -21,11 +21,18 @@ struct AttnIO {
   DType dtype = DType::f32;  // of q, k, v, o, dout, dq, dk, dv
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
   int64_t head_dim = 0, head_dim_v = 0;
-  Strided4 q, k, v, o;                   // q: B x Nq x Hq x D, k: B x Nk x Hkv x D, v/o: .. x Dv
-  float* lse = nullptr;                  // B x Hq x Nq (natural log)
+  Strided4 q, k, v, o;                   // q: B x Nq x Hq x D, k: B x Nk x Hkv x D, v: .. x Dv,
+                                         // o: B x Nq x heads() x Dv
+  float* lse = nullptr;                  // B x heads() x Nq (natural log)
   int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
   // backward only
-  Strided4 dout, dq, dk, dv;
+  Strided4 dout, dq, dk, dv;             // dout: like o; dq, dk, dv: like q, k, v
+
+  // Heads of o, lse, dout: the larger of heads_q, heads_kv (one divides the other; AttnDims).
+  int64_t heads() const { return heads_q > heads_kv ? heads_q : heads_kv; }
+  // The query head and the kv head output head h reads.
+  int64_t q_head(int64_t h) const { return h / (heads() / heads_q); }
+  int64_t kv_head(int64_t h) const { return h / (heads() / heads_kv); }
 };
 
 struct DenseAttnParams : AttnIO {

@@ -1,7 +1,8 @@
 // tests/cpp/core_attention_test.cpp: the dense CPU kernel (every ISA this CPU has) against the
-// double-precision reference, over awkward sizes, layouts, strides, masks, GQA, dtypes; forward
-// output, lse and all three gradients (the sweep runs on kernel_harness.h); and bad options (the
-// checks every family shares are in core_checks_test.cpp).
+// double-precision reference, over awkward sizes, layouts, strides, masks, GQA, a query shared by
+// heads, head dims up to 1024, dtypes; forward output, lse and all three gradients (the sweep runs
+// on kernel_harness.h); and bad options (the checks every family shares are in
+// core_checks_test.cpp).
 //
 // Tolerances (normwise: max abs error / max abs reference value):
 //   fp32: 2e-5 forward, 1e-4 gradients. fp32 round-off in dot products of length D and sums of
@@ -15,6 +16,7 @@
 //   have an exactly-zero dq/dk whose fp32 round-off (~1e-7) must not be divided by ~0.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -71,11 +73,12 @@ struct DenseFamily {
       kpm[0] = 0;
       opt.key_padding_mask = TensorView(kpm.data(), DType::u8, {c.B, c.Nk});
     }
-    if (c.bias) {  // shape [1, Hq, Nq, Nk]
-      bias.resize(size_t(c.Hq * c.Nq * c.Nk));
+    if (c.bias) {  // shape [1, H, Nq, Nk], H the heads of o
+      const int64_t H = std::max(c.Hq, c.Hkv);
+      bias.resize(size_t(H * c.Nq * c.Nk));
       std::uniform_real_distribution<float> u(-2.f, 2.f);
       for (float& x : bias) x = u(rng);
-      opt.bias = TensorView(bias.data(), DType::f32, {1, c.Hq, c.Nq, c.Nk});
+      opt.bias = TensorView(bias.data(), DType::f32, {1, H, c.Nq, c.Nk});
     }
   }
   DenseFamily(const DenseFamily&) = delete;  // opt points into kpm and bias
@@ -83,7 +86,7 @@ struct DenseFamily {
   test::Shape shape() const {
     return test::shape_of(c, {c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D, c.Dv});
   }
-  double work() const { return double(c.Nq) * c.Nk * (c.D + c.Dv) * c.Hq * c.B; }
+  double work() const { return double(c.Nq) * c.Nk * (c.D + c.Dv) * shape().d.heads() * c.B; }
   bool grads() const { return c.grads; }
   test::Tolerance tolerance() const {  // see the file comment
     return c.dtype == DType::bf16 ? test::Tolerance{1e-2, 2e-2} : test::Tolerance{2e-5, 1e-4};
@@ -150,6 +153,83 @@ std::vector<Case> head_dim_cases() {
   v.push_back(c);
   c.D = 40;
   c.Dv = 72;
+  v.push_back(c);
+  // Bilinear BTT attention attends with head dim = model width (up to 1024): odd widths, both
+  // dtypes, and one length with two query tiles and a partial key tile (D = 1000, N = 97).
+  for (int64_t d : {769, 1000, 1024})
+    for (DType t : {DType::f32, DType::bf16}) {
+      if (d == 1024 && t == DType::f32) continue;  // above
+      Case w;
+      w.dtype = t;
+      w.Nq = w.Nk = 7;
+      w.D = w.Dv = d;
+      w.causal = t == DType::bf16;
+      v.push_back(w);
+    }
+  Case w;
+  w.Nq = w.Nk = 97;
+  w.Hq = 1;
+  w.Hkv = 1;
+  w.D = 1000;
+  w.Dv = 769;
+  w.causal = true;
+  w.layout = Layout::BHSD;
+  v.push_back(w);
+  return v;
+}
+
+// A query shared by heads (heads_kv % heads_q == 0, attention.h): heads_q = 1 against H in
+// {1, 3, 8} kv heads, head dims {1, 63, 64, 257, 1024}, lengths {1 (the decode path), 7, 97}; causal
+// on every other case, a window on every third, the storages (layouts, dtypes, strides) rotating
+// through every_storage().
+std::vector<Case> shared_query_cases() {
+  std::vector<Case> v;
+  const std::vector<test::Storage> storages = test::every_storage();
+  int i = 0;
+  for (int64_t H : {1, 3, 8})
+    for (int64_t d : {1, 63, 64, 257, 1024})
+      for (int64_t n : {1, 7, 97}) {
+        Case c;
+        c.set_storage(storages[size_t(i) % storages.size()]);
+        c.Nq = c.Nk = n;
+        c.Hq = 1;
+        c.Hkv = H;
+        c.D = c.Dv = d;
+        c.causal = i % 2 == 1;
+        if (i % 3 == 2) {
+          c.wl = 5;
+          c.wr = c.causal ? 0 : 3;
+        }
+        v.push_back(c);
+        ++i;
+      }
+  Case c;  // 2 query heads, each shared by 3 kv heads, with every mask, fewer queries than keys
+  c.B = 2;
+  c.Nq = 37;
+  c.Nk = 97;
+  c.Hq = 2;
+  c.Hkv = 6;
+  c.D = 24;
+  c.Dv = 40;
+  c.causal = true;
+  c.wl = 20;
+  c.G = 3;
+  c.kpm = true;
+  c.bias = true;
+  v.push_back(c);
+  c.dtype = DType::bf16;
+  c.layout = Layout::BHSD;
+  v.push_back(c);
+  c.Nq = 3;  // decode path with a shared query and every mask
+  v.push_back(c);
+  c.Nq = c.Nk = 200;  // 4 query tiles, 2 key tiles: the dq sum over heads crosses tiles
+  c.Hq = 1;
+  c.Hkv = 4;
+  c.D = c.Dv = 64;
+  c.wl = -1;
+  c.G = 0;
+  c.kpm = c.bias = false;
+  c.dtype = DType::f32;
   v.push_back(c);
   return v;
 }
@@ -265,6 +345,7 @@ constexpr auto case_name = test::case_name<Case>;
 INSTANTIATE_TEST_SUITE_P(Lengths, AttentionSweep, ::testing::ValuesIn(length_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Decode, AttentionSweep, ::testing::ValuesIn(decode_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HeadDims, AttentionSweep, ::testing::ValuesIn(head_dim_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(SharedQuery, AttentionSweep, ::testing::ValuesIn(shared_query_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Masks, AttentionSweep, ::testing::ValuesIn(mask_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(LayoutGqaDtype, AttentionSweep, ::testing::ValuesIn(layout_gqa_dtype_cases()),
                          case_name);
@@ -372,6 +453,47 @@ TEST(Attention, ThreadCountDoesNotChangeResults) {
   }
   set_num_threads(saved);
   EXPECT_EQ(out[0], out[1]);  // forward is deterministic: each query tile is one unit of work
+}
+
+// The shared query (heads_q = 1) against the same query expanded to the H heads by a stride-0 view,
+// as torch's expand() passes it: the same forward bit for bit (each head reads the same row), the
+// same dk, dv bit for bit (each head packs the same values), and dq = the sum over heads of the
+// expanded call's per-head dq (fp32 sums in another order: 1e-6 relative).
+TEST(Attention, SharedQueryEqualsItsStrideZeroExpansion) {
+  const int64_t B = 2, N = 70, H = 4, D = 48;
+  const Layout L = Layout::BSHD;
+  std::mt19937 rng(17);
+  Owned4 q(B, N, 1, D, DType::f32, L), k(B, N, H, D, DType::f32, L), v(B, N, H, D, DType::f32, L);
+  Owned4 g(B, N, H, D, DType::f32, L);
+  for (Owned4* t : {&q, &k, &v, &g}) t->fill_random(rng);
+  TensorView qx = q.view;  // B x N x H x D, stride 0 over heads
+  qx.shape[2] = H;
+  qx.stride[2] = 0;
+  AttentionOptions opt;
+  opt.causal = true;
+  struct Run {
+    Owned4 o, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  auto run = [&](const TensorView& qv, int64_t hq) {
+    Run r{Owned4(B, N, H, D, DType::f32, L), Owned4(B, N, hq, D, DType::f32, L), Owned4(B, N, H, D, DType::f32, L),
+          Owned4(B, N, H, D, DType::f32, L), std::vector<float>(size_t(B * H * N))};
+    const TensorView lv(r.lse.data(), DType::f32, {B, H, N});
+    attention_forward(qv, k.view, v.view, r.o.view, lv, opt);
+    attention_backward(qv, k.view, v.view, r.o.view, lv, g.view, r.dq.view, r.dk.view, r.dv.view, opt);
+    return r;
+  };
+  const Run shared = run(q.view, 1), expanded = run(qx, H);
+  EXPECT_EQ(shared.o.buf, expanded.o.buf);
+  EXPECT_EQ(shared.lse, expanded.lse);
+  EXPECT_EQ(shared.dk.buf, expanded.dk.buf);
+  EXPECT_EQ(shared.dv.buf, expanded.dv.buf);
+  std::vector<double> dq_sum(size_t(B * N * D), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) dq_sum[size_t((b * N + i) * D + d)] += expanded.dq.at(b, i, h, d, L);
+  EXPECT_LE(test::rel_err(shared.dq, L, dq_sum, B, N, 1, D), 1e-6);
 }
 
 TEST(Attention, EmptySizesAreNoOps) {
@@ -527,6 +649,44 @@ TEST_F(AttentionBadInput, BiasDtypeNamesOnlyAcceptedDtypes) {
   std::vector<double> bias(64, 0.0);
   opt.bias = TensorView(bias.data(), DType::f64, {1, 1, 8, 8});
   expect_error({"'bias'", "expected dtype float32, got float64"});
+}
+// One of heads_q, heads_kv must divide the other (GQA or a shared query).
+TEST_F(AttentionBadInput, HeadsDividingNeitherWay) {
+  k.shape[2] = v.shape[2] = 3;
+  expect_error({"attention_forward: argument 'k'", "heads dividing q's heads (2) (GQA) or a multiple of them",
+                "got 3"});
+}
+// With a shared query, o and lse have the kv heads.
+TEST_F(AttentionBadInput, SharedQueryOutputWithQueryHeads) {
+  q.shape[2] = 1;  // 1 query head, 2 kv heads: o must have 2 heads
+  o.shape[2] = 1;
+  expect_error({"'o'", "heads=2", "got (batch=1, seq=8, heads=1, dim=16)"});
+  o.shape[2] = 2;
+  lv.shape[1] = 1;
+  expect_error({"'lse'", "shape [1, 2, 8]", "got [1, 1, 8]"});
+}
+// Outputs whose elements overlap (e.g. an expand()ed tensor) would be written over one another.
+TEST_F(AttentionBadInput, OverlappingOutputs) {
+  o.stride[2] = 0;
+  expect_error({"attention_forward: argument 'o'", "do not overlap", "stride 0 on dim 2"});
+  o.stride[2] = 16;
+  lv.stride[2] = 0;
+  expect_error({"attention_forward: argument 'lse'", "do not overlap"});
+  lv.stride[2] = 1;
+  o.stride[1] = 8;  // rows of seq and heads interleaved over one another
+  expect_error({"argument 'o'", "do not overlap"});
+}
+TEST_F(AttentionBadInput, OverlappingGradients) {
+  std::vector<float> grads(4 * 256, 0.f);
+  TensorView dq(grads.data(), DType::f32, {1, 8, 2, 16}), dk(grads.data() + 256, DType::f32, {1, 8, 2, 16});
+  TensorView dv(grads.data() + 512, DType::f32, {1, 8, 2, 16}), dout(grads.data() + 768, DType::f32, {1, 8, 2, 16});
+  dq.stride[2] = 0;
+  test::expect_error([&] { attention_backward(q, k, v, o, lv, dout, dq, dk, dv, opt); },
+                     {"attention_backward: argument 'dq'", "do not overlap"});
+  dq.stride[2] = 16;
+  dv.stride[1] = 0;
+  test::expect_error([&] { attention_backward(q, k, v, o, lv, dout, dq, dk, dv, opt); },
+                     {"attention_backward: argument 'dv'", "do not overlap"});
 }
 TEST_F(AttentionBadInput, GswaSplitOutOfRange) {
   PaperGswaOptions g;

@@ -89,7 +89,7 @@ inline Inputs make_inputs(const Shape& s, std::mt19937& rng, double qk_amp = 1.0
   in.q = Owned4(d.batch, d.seqlen_q, d.heads_q, d.head_dim, d.dtype, s.layout, s.gap, s.dim_stride);
   in.k = Owned4(d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.dtype, s.layout, s.gap, s.dim_stride);
   in.v = Owned4(d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v, d.dtype, s.layout, s.gap, s.dim_stride);
-  in.dout = Owned4(d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, d.dtype, s.layout);
+  in.dout = Owned4(d.batch, d.seqlen_q, d.heads(), d.head_dim_v, d.dtype, s.layout);
   in.q.fill_random(rng, -qk_amp, qk_amp);
   in.k.fill_random(rng, -qk_amp, qk_amp);
   in.v.fill_random(rng);
@@ -100,33 +100,33 @@ inline Inputs make_inputs(const Shape& s, std::mt19937& rng, double qk_amp = 1.0
 // What the kernel writes under one ISA: o and lse (forward), dq, dk, dv (backward).
 struct Outputs {
   Owned4 o, dq, dk, dv;
-  std::vector<float> lse;  // batch x heads_q x seqlen_q, prefilled with 123 so an unwritten row shows
+  std::vector<float> lse;  // batch x heads() x seqlen_q, prefilled with 123 so an unwritten row shows
   TensorView lse_view;
 
   explicit Outputs(const Shape& s) {
     const AttnDims& d = s.d;
-    o = Owned4(d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, d.dtype, s.layout, s.gap);
+    o = Owned4(d.batch, d.seqlen_q, d.heads(), d.head_dim_v, d.dtype, s.layout, s.gap);
     dq = Owned4(d.batch, d.seqlen_q, d.heads_q, d.head_dim, d.dtype, s.layout, s.gap);
     dk = Owned4(d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.dtype, s.layout, s.gap);
     dv = Owned4(d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v, d.dtype, s.layout, s.gap);
-    lse.assign(size_t(d.batch * d.heads_q * d.seqlen_q), 123.f);
-    lse_view = TensorView(lse.data(), DType::f32, {d.batch, d.heads_q, d.seqlen_q});
+    lse.assign(size_t(d.batch * d.heads() * d.seqlen_q), 123.f);
+    lse_view = TensorView(lse.data(), DType::f32, {d.batch, d.heads(), d.seqlen_q});
   }
   Outputs(const Outputs&) = delete;  // lse_view points into lse
   Outputs& operator=(const Outputs&) = delete;
 };
 
 // One double reference's results, contiguous in the BSHD order (as the references write them):
-// o B*Nq*Hq*Dv, lse B*Hq*Nq (empty: the family has none), dq B*Nq*Hq*D, dk B*Nk*Hkv*D,
-// dv B*Nk*Hkv*Dv (empty: forward only).
+// o B*Nq*H*Dv, lse B*H*Nq (empty: the family has none), dq B*Nq*Hq*D, dk B*Nk*Hkv*D,
+// dv B*Nk*Hkv*Dv (empty: forward only); H = d.heads(), the heads of o.
 struct Expected {
   const char* name;
   std::vector<double> o, lse, dq, dk, dv;
 
   Expected(const char* name_, const Shape& s, bool with_lse, bool grads) : name(name_) {
     const AttnDims& d = s.d;
-    o.resize(size_t(d.batch * d.seqlen_q * d.heads_q * d.head_dim_v));
-    if (with_lse) lse.resize(size_t(d.batch * d.heads_q * d.seqlen_q));
+    o.resize(size_t(d.batch * d.seqlen_q * d.heads() * d.head_dim_v));
+    if (with_lse) lse.resize(size_t(d.batch * d.heads() * d.seqlen_q));
     if (!grads) return;
     dq.resize(size_t(d.batch * d.seqlen_q * d.heads_q * d.head_dim));
     dk.resize(size_t(d.batch * d.seqlen_k * d.heads_kv * d.head_dim));
@@ -183,7 +183,7 @@ inline void expect_references_agree(const std::vector<Expected>& refs, const Tol
 // The forward's o (and lse) against one reference.
 inline void expect_forward_near(const Outputs& out, const Expected& r, const Shape& s, const Tolerance& tol) {
   const AttnDims& d = s.d;
-  EXPECT_LE(rel_err(out.o, s.layout, r.o, d.batch, d.seqlen_q, d.heads_q, d.head_dim_v, tol.o_floor), tol.o)
+  EXPECT_LE(rel_err(out.o, s.layout, r.o, d.batch, d.seqlen_q, d.heads(), d.head_dim_v, tol.o_floor), tol.o)
       << "o vs " << r.name;
   if (!r.lse.empty()) {
     EXPECT_LE(lse_err(out.lse, r.lse), tol.lse) << "lse vs " << r.name;

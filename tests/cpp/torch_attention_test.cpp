@@ -1,13 +1,15 @@
 // tests/cpp/torch_attention_test.cpp: the LibTorch layer (torch/) against PyTorch's own attention.
 // Truth is at::scaled_dot_product_attention in float64 (math path), with the mask written out
 // explicitly from the definition in include/strata/attention.h (causal is bottom-right, SDPA's
-// is_causal is top-left, so it is never used when seq_q != seq_k), GQA by repeat_interleave.
+// is_causal is top-left, so it is never used when seq_q != seq_k), GQA by repeat_interleave of k
+// and v, a query shared by heads by repeat_interleave of q (autograd then sums its copies' dq).
 // Errors are normwise: max |got - want| / max |want|.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -37,22 +39,27 @@ at::Tensor allowed_mask(int64_t nq, int64_t nk, bool causal, int64_t wl = -1, in
   return ok & (win | global);
 }
 
-// SDPA on BSHD tensors (q: B x Nq x Hq x D, k/v: B x Nk x Hkv x D/Dv); mask: bool (true = attend)
-// or float (added), broadcastable to B x Hq x Nq x Nk, or undefined. Returns B x Nq x Hq x Dv.
+// BSHD t with its heads repeated to h (each `h / heads` times in a row), as BHSD.
+at::Tensor heads_to_bhsd(const at::Tensor& t, int64_t h) { return t.transpose(1, 2).repeat_interleave(h / t.size(2), 1); }
+
+// SDPA on BSHD tensors (q: B x Nq x Hq x D, k/v: B x Nk x Hkv x D/Dv; H = max(Hq, Hkv) heads, each
+// of q, k, v repeated to H); mask: bool (true = attend) or float (added), broadcastable to
+// B x H x Nq x Nk, or undefined. Returns B x Nq x H x Dv.
 at::Tensor sdpa_bshd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                      std::optional<double> scale = {}) {
-  const int64_t rep = q.size(2) / k.size(2);
-  const at::Tensor kt = k.transpose(1, 2).repeat_interleave(rep, 1), vt = v.transpose(1, 2).repeat_interleave(rep, 1);
+  const int64_t h = std::max(q.size(2), k.size(2));
   std::optional<at::Tensor> m;
   if (mask.defined()) m = mask;
-  return at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, m, 0.0, false, scale).transpose(1, 2);
+  return at::scaled_dot_product_attention(heads_to_bhsd(q, h), heads_to_bhsd(k, h), heads_to_bhsd(v, h), m, 0.0,
+                                          false, scale)
+      .transpose(1, 2);
 }
 
-// lse (B x Hq x Nq) from the explicit float64 logits of q, k (BSHD) under a bool mask.
+// lse (B x H x Nq) from the explicit float64 logits of q, k (BSHD) under a bool mask.
 at::Tensor lse_bshd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, double scale) {
-  const int64_t rep = q.size(2) / k.size(2);
-  const at::Tensor kt = k.to(at::kDouble).transpose(1, 2).repeat_interleave(rep, 1);
-  at::Tensor s = at::matmul(q.to(at::kDouble).transpose(1, 2), kt.transpose(2, 3)) * scale;
+  const int64_t h = std::max(q.size(2), k.size(2));
+  const at::Tensor kt = heads_to_bhsd(k.to(at::kDouble), h);
+  at::Tensor s = at::matmul(heads_to_bhsd(q.to(at::kDouble), h), kt.transpose(2, 3)) * scale;
   s = s.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   return at::logsumexp(s, -1);
 }
@@ -188,6 +195,72 @@ TEST(TorchAttention, AutogradMatchesSdpaFloat32) {
           out_and_grads([&](auto& x, auto& y, auto& z) { return sdpa_bshd(x, y, z, mask); }, q, k, v, g);
       expect_as_close_as_torch(got, want, torch32, kFp32Floor, "causal=" + std::to_string(causal));
     }
+}
+
+// A query shared by heads (heads_kv % heads_q == 0), up to head dim 1024: against the float64
+// autograd of the formula with q repeated to the kv heads (SDPA; autograd sums the copies' dq), by
+// the acceptance rule in float32 and bfloat16, and to round-off through the float64 reference.
+TEST(TorchAttention, SharedQueryMatchesSdpaOnRepeatedQuery) {
+  at::manual_seed(10);
+  const std::vector<Shape> shapes = {
+      {2, 37, 53, 1, 3, 40, 40},     // one query for 3 heads, seq_q < seq_k
+      {1, 33, 33, 2, 8, 257, 100},   // 2 query heads, each shared by 4 kv heads, odd dims
+      {1, 70, 70, 1, 8, 1024, 1024}, // Bilinear BTT's width: two query tiles
+      {2, 1, 17, 1, 4, 64, 64},      // decode
+  };
+  for (const Shape& s : shapes)
+    for (bool causal : {false, true}) {
+      const std::string what = "nq=" + std::to_string(s.nq) + " hq=" + std::to_string(s.hq) +
+                               " hkv=" + std::to_string(s.hkv) + " d=" + std::to_string(s.d) +
+                               " causal=" + std::to_string(causal);
+      st::AttentionArgs a;
+      a.causal = causal;
+      const at::Tensor mask = allowed_mask(s.nq, s.nk, causal);
+      const auto truth = [&](auto& x, auto& y, auto& z) { return sdpa_bshd(x, y, z, mask); };
+      const at::Tensor g = at::randn({s.b, s.nq, s.hkv, s.dv});
+      for (at::ScalarType t : {at::kFloat, at::kBFloat16}) {
+        auto [q, k, v] = make_qkv(s, t);
+        const auto got =
+            out_and_grads([&](auto& x, auto& y, auto& z) { return st::attention(x, y, z, a); }, q, k, v, g);
+        ASSERT_EQ(got[0].sizes(), (at::IntArrayRef{s.b, s.nq, s.hkv, s.dv})) << what;
+        ASSERT_EQ(got[1].sizes(), q.sizes()) << what;
+        const auto want = out_and_grads(truth, q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g);
+        // fp32: the kernel sums its dot products of length d (and dv) in order, so their round-off
+        // grows like eps * sqrt(length); kFp32Floor was measured at d <= 128: scaled by
+        // sqrt(d / 64) beyond (4e-6 at d = 1024; torch's GEMMs sum in blocks and come out lower).
+        const double fp32_floor = kFp32Floor * std::max(1.0, std::sqrt(double(std::max(s.d, s.dv)) / 64));
+        expect_as_close_as_torch(got, want, out_and_grads(truth, q, k, v, g),
+                                 t == at::kFloat ? fp32_floor : kBf16Floor, what + " " + c10::toString(t));
+        if (t == at::kFloat) {
+          const at::Tensor lse = std::get<1>(st::attention_forward(q, k, v, a));
+          EXPECT_LE(rel_err(lse, lse_bshd(q, k, mask, 1.0 / std::sqrt(double(s.d)))), kFp32Floor) << what;
+        }
+      }
+      if (s.d > 64) continue;  // the float64 reference materialises everything: small shapes only
+      auto [q, k, v] = make_qkv(s, at::kDouble);
+      const auto got = out_and_grads([&](auto& x, auto& y, auto& z) { return st::attention(x, y, z, a); }, q, k, v, g);
+      const auto want = out_and_grads(truth, q, k, v, g);
+      for (size_t i = 0; i < 4; ++i) EXPECT_LE(rel_err(got[i], want[i]), 1e-12) << what << " tensor " << i;
+    }
+}
+
+// A q expand()ed over heads (stride 0) passed with heads_q = H: the same output as the shared
+// query (bit for bit: every head reads the same row), and autograd's sum over the expanded heads'
+// dq equals the shared query's dq (fp32 sums in another order).
+TEST(TorchAttention, ExpandedQueryEqualsSharedQuery) {
+  at::manual_seed(11);
+  const Shape s{2, 45, 45, 1, 4, 96, 64};
+  auto [q, k, v] = make_qkv(s, at::kFloat);
+  const at::Tensor g = at::randn({s.b, s.nq, s.hkv, s.dv});
+  st::AttentionArgs a;
+  a.causal = true;
+  const auto shared = out_and_grads([&](auto& x, auto& y, auto& z) { return st::attention(x, y, z, a); }, q, k, v, g);
+  const auto expanded = out_and_grads(
+      [&](auto& x, auto& y, auto& z) { return st::attention(x.expand({s.b, s.nq, s.hkv, s.d}), y, z, a); }, q, k, v, g);
+  EXPECT_TRUE(at::equal(shared[0], expanded[0]));
+  EXPECT_LE(rel_err(expanded[1], shared[1]), 1e-6);
+  EXPECT_TRUE(at::equal(shared[2], expanded[2]));
+  EXPECT_TRUE(at::equal(shared[3], expanded[3]));
 }
 
 TEST(TorchAttention, MasksAndBiasMatchExplicitSdpaMask) {
@@ -326,6 +399,20 @@ TEST(TorchAttention, ErrorsNameTheArgument) {
                 .find("paper_gswa_attention: argument 'scale_b'"),
             std::string::npos);
   EXPECT_THROW(st::attention_forward(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), a), strata::Error);
+  // Heads: one of heads_q, heads_kv must divide the other.
+  const at::Tensor k3 = at::randn({1, 5, 3, 8}), v3 = at::randn({1, 5, 3, 8});
+  EXPECT_NE(message([&] { st::attention(q, k3, v3, a); })
+                .find("attention_forward: argument 'k': expected heads dividing q's heads (2) (GQA) or a multiple of them"),
+            std::string::npos);
+  EXPECT_NE(message([&] { st::attention(q.to(at::kDouble), k3.to(at::kDouble), v3.to(at::kDouble), a); })
+                .find("argument 'k': expected heads dividing"),
+            std::string::npos);
+  // A shared query's dout has the kv heads (those of out).
+  const at::Tensor q1 = at::randn({1, 4, 1, 8});
+  auto [o1, l1] = st::attention_forward(q1, k, v, a);
+  EXPECT_NE(message([&] { st::attention_backward(q1, k, v, o1, l1, at::randn({1, 4, 1, 8}), a); })
+                .find("attention_backward: argument 'dout'"),
+            std::string::npos);
 }
 
 TEST(TorchAttention, OpsCallableThroughDispatcher) {

@@ -6,7 +6,8 @@ Truth is PyTorch: torch.autograd.gradcheck in float64 (strata's float64 path is 
 reference), and scaled_dot_product_attention in float64 with the mask written out from the
 definition in include/strata/attention.h. SDPA's is_causal is top-left aligned while strata's
 causal is bottom-right (as FlashAttention), so the boolean mask is always built here. GQA:
-k and v are expanded with repeat_interleave. Errors are normwise: max|got - want| / max|want|.
+k and v are expanded with repeat_interleave; a query shared by heads likewise (autograd then sums
+its copies' gradients). Errors are normwise: max|got - want| / max|want|.
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ def allowed_mask(nq: int, nk: int, causal=False, window=(-1, -1), num_global=0) 
 
 
 def sdpa_bshd(q, k, v, mask=None, scale=None):
-    """SDPA on B x N x H x D tensors (GQA by repeat_interleave); mask bool (True = attend) or
-    float (added), broadcastable to B x Hq x Nq x Nk. Returns B x Nq x Hq x Dv."""
-    rep = q.shape[2] // k.shape[2]
-    kt = k.transpose(1, 2).repeat_interleave(rep, 1)
-    vt = v.transpose(1, 2).repeat_interleave(rep, 1)
-    return F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
+    """SDPA on B x N x H x D tensors with H = max(Hq, Hkv) heads: q, k, v each repeated to H by
+    repeat_interleave (GQA, or a shared query); mask bool (True = attend) or float (added),
+    broadcastable to B x H x Nq x Nk. Returns B x Nq x H x Dv."""
+    h = max(q.shape[2], k.shape[2])
+    qt, kt, vt = (t.transpose(1, 2).repeat_interleave(h // t.shape[2], 1) for t in (q, k, v))
+    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
 
 
 # ---- gradcheck (float64 = the double reference) ---------------------------------------------
@@ -69,6 +70,10 @@ GRADCHECK_CASES = {
     "bias": dict(shape=(2, 4, 5, 2, 2, 3, 3), opts=dict(bias=True)),
     "gqa": dict(shape=(1, 5, 6, 4, 2, 3, 3), opts=dict(causal=True)),
     "bhsd": dict(shape=(2, 5, 6, 2, 1, 3, 2), opts=dict(causal=True, window=(2, 1), layout="bhsd")),
+    # a query shared by heads (heads_kv a multiple of heads_q): dq sums its heads' contributions
+    "shared_query": dict(shape=(2, 5, 6, 1, 3, 3, 4), opts=dict(causal=True)),
+    "shared_query_2_of_4_bias_bhsd": dict(shape=(2, 4, 5, 2, 4, 3, 2), opts=dict(bias=True, layout="bhsd")),
+    "shared_query_window_mask": dict(shape=(2, 6, 6, 1, 2, 4, 3), opts=dict(window=(2, 1), mask=True)),
 }
 
 
@@ -217,6 +222,59 @@ def test_fully_masked_rows_are_zero_with_zero_grads():
     assert torch.isneginf(lse[1]).all() and torch.isfinite(lse[0]).all()
 
 
+# ---- a query shared by heads ------------------------------------------------------------------
+# heads_q = 1 (or dividing heads_kv): Bilinear BTT attention's raw block input, shared by all heads,
+# with head dim = the model width (up to 1024). Truth: the formula in float64 with q repeated to
+# the kv heads (autograd sums the copies' dq); torch's own error: the same in the tested dtype.
+SHARED_QUERY_CASES = {
+    "h1_d64": dict(shape=(2, 33, 33, 1, 1, 64, 64), opts=dict(causal=True)),
+    "h3_d257": dict(shape=(1, 29, 40, 1, 3, 257, 96), opts={}),
+    "h8_d1024_causal": dict(shape=(1, 70, 70, 1, 8, 1024, 1024), opts=dict(causal=True)),
+    "2_of_6_d63_window": dict(shape=(2, 41, 41, 2, 6, 63, 63), opts=dict(causal=True, window=(9, 0))),
+    "h3_d1000_decode": dict(shape=(2, 1, 50, 1, 3, 1000, 769), opts={}),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(SHARED_QUERY_CASES))
+def test_shared_query_matches_float64_autograd_of_the_formula(name, dtype):
+    case = SHARED_QUERY_CASES[name]
+    b, nq, nk, hq, hkv, d, dv = case["shape"]
+    opts = case["opts"]
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, dtype, seed=16)
+    mask = allowed_mask(nq, nk, opts.get("causal", False), opts.get("window", (-1, -1)))
+    g = torch.randn(b, nq, hkv, dv, generator=torch.Generator().manual_seed(17))
+    got = out_and_grads(lambda q, k, v: strata.attention(q, k, v, **opts), q, k, v, g)
+    assert got[0].shape == (b, nq, hkv, dv) and got[1].shape == q.shape
+
+    def formula(q, k, v):
+        return sdpa_bshd(q, k, v, mask)
+
+    want = out_and_grads(formula, q.double(), k.double(), v.double(), g)
+    # fp32: the kernel sums its dot products of length d (and dv) in order, so their round-off
+    # grows like eps * sqrt(length); FP32_FLOOR was measured at d <= 128: scaled by sqrt(d / 64)
+    # beyond (4e-6 at d = 1024; measured 2.1e-6 on dk at d = 1000 against torch's 3e-7, whose
+    # GEMMs sum in blocks). A masking or indexing bug still gives errors of order 1e-1.
+    fp32_floor = FP32_FLOOR * max(1.0, math.sqrt(max(d, dv) / 64))
+    floor = fp32_floor if dtype == torch.float32 else BF16_FLOOR
+    assert_as_close_as_torch(got, want, out_and_grads(formula, q, k, v, g), floor, what=f"{name} {dtype}")
+
+
+def test_expanded_query_equals_shared_query():
+    """q.expand(...) to the kv heads (stride 0) through the op that takes heads_q = H: the output of
+    the shared query bit for bit, and autograd's sum of the expanded heads' dq equals its dq."""
+    b, n, h, d = 2, 45, 4, 96
+    q, k, v = rand_qkv(b, n, n, 1, h, d, 64, torch.float32, seed=18)
+    g = torch.randn(b, n, h, 64, generator=torch.Generator().manual_seed(19))
+    shared = out_and_grads(lambda q, k, v: strata.attention(q, k, v, causal=True), q, k, v, g)
+    expanded = out_and_grads(lambda q, k, v: strata.attention(q.expand(b, n, h, d), k, v, causal=True), q, k, v, g)
+    assert torch.equal(shared[0], expanded[0])
+    assert rel_err(expanded[1], shared[1]) <= 1e-6
+    assert torch.equal(shared[2], expanded[2]) and torch.equal(shared[3], expanded[3])
+    out, lse = strata.attention_forward(q.expand(b, n, h, d), k, v)
+    assert lse.shape == (b, h, n) and torch.equal(out, strata.attention_forward(q, k, v)[0])
+
+
 # ---- bf16 -----------------------------------------------------------------------------------
 
 
@@ -341,7 +399,13 @@ ERROR_CASES = {
     "q_3d": (lambda q, k, v: strata.attention(q[0], k, v), "argument 'q': expected a 4-D tensor"),
     "q_device": (lambda q, k, v: strata.attention(q.to("meta"), k, v), "argument 'q': expected a CPU tensor"),
     "gqa_heads": (lambda q, k, v: strata.attention(q, k.repeat(1, 1, 3, 1)[:, :, :3], v.repeat(1, 1, 3, 1)[:, :, :3]),
-                  "argument 'k': expected heads dividing"),
+                  "argument 'k': expected heads dividing q's heads (2) (GQA) or a multiple of them"),
+    "gqa_heads_float64": (lambda q, k, v: strata.attention(q.double(), k.repeat(1, 1, 3, 1)[:, :, :3].double(),
+                                                           v.repeat(1, 1, 3, 1)[:, :, :3].double()),
+                          "argument 'k': expected heads dividing"),
+    "shared_query_dout_heads": (lambda q, k, v: strata.attention_backward(
+        q[:, :, :1], k, v, *strata.attention_forward(q[:, :, :1], k, v), torch.zeros(1, 4, 1, 8)),
+        "argument 'dout': expected (batch=1, seq=4, heads=2, dim=8)"),
     "layout": (lambda q, k, v: strata.attention(q, k, v, layout="sbhd"), "argument 'layout': expected \"bshd\" or \"bhsd\""),
     "mask_shape": (lambda q, k, v: strata.attention(q, k, v, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)),
                    "argument 'key_padding_mask': expected shape [1, 5]"),

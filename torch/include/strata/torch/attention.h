@@ -6,6 +6,11 @@
 // Tensors are CPU, float32 or bfloat16 (float64 only through attention(), see below), any strides.
 //   q: batch x seq_q x heads_q x head_dim  (layout "bshd"; "bhsd" swaps dims 1 and 2)
 //   k: batch x seq_k x heads_kv x head_dim, v: batch x seq_k x heads_kv x head_dim_v
+//   out: batch x seq_q x H x head_dim_v, H = max(heads_q, heads_kv)
+// Heads: heads_q % heads_kv == 0 (GQA / MQA) or heads_kv % heads_q == 0 (a query shared by groups
+// of kv heads, e.g. heads_q = 1: one q for every head, never copied; dq has q's shape and sums
+// its heads' contributions). An expand()ed q (stride 0 over heads) also works, at H-fold cost in
+// the backward's packing; passing the unexpanded q with heads_q = 1 is the cheaper form.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -24,7 +29,7 @@ struct AttentionArgs {
   int64_t window_left = -1, window_right = -1;  // -1: unbounded
   int64_t num_global = 0;
   std::optional<at::Tensor> key_padding_mask;   // batch x seq_k, bool/uint8, true = attend
-  std::optional<at::Tensor> bias;               // broadcastable to batch x heads_q x seq_q x seq_k
+  std::optional<at::Tensor> bias;               // broadcastable to batch x H x seq_q x seq_k
                                                 // (fewer than 4 dims: leading 1s are implied)
   std::string layout = "bshd";                  // or "bhsd"
 };
@@ -32,7 +37,7 @@ struct AttentionArgs {
 // The kernels alone (attention_forward, attention_backward; also torch.ops.strata.attention_forward
 // and _backward) are NOT differentiable: their outputs never require grad, whatever the inputs.
 // For gradients use attention() below.
-// Returns (out: batch x seq_q x heads_q x head_dim_v in q's layout, lse: batch x heads_q x seq_q f32).
+// Returns (out: batch x seq_q x H x head_dim_v in q's layout, lse: batch x H x seq_q f32).
 std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& v, const AttentionArgs& a);
 // Returns (dq, dk, dv).
@@ -48,7 +53,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 // The double-precision reference (strata::reference) behind the same checks: q, k, v float32,
 // bfloat16 or float64 (one dtype). Returns (out: float64 in q's layout, lse: float64
-// batch x heads_q x seq_q). Materialises seq_q x seq_k per head: for tests and gradcheck only.
+// batch x H x seq_q). Materialises seq_q x seq_k per head: for tests and gradcheck only.
 std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor& q,
                                                                const at::Tensor& k,
                                                                const at::Tensor& v,
