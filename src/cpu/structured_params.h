@@ -63,10 +63,13 @@ struct StructuredParams {
   int64_t z_tile = 0;
 };
 
-// Tokens per row tile: small enough that a tile's activations stay in L2 for wide operators. A
-// multiple of every ISA's vector width, and the same for all ISAs (the saved layout depends on it).
+// Tokens per row tile: the GEMMs' N. 64 (four AVX-512 vectors: the micro-kernel's widest tile)
+// up to width 4096, where a tile's few activations (about 1 MB each) still mostly stay in L2; measured
+// at D = 4096 (bench structured, BTT s=1 / Monarch / low rank, fwd and bwd), 64 beat 16 by 3-60% on 5
+// of 6 rows and 32 on 4 of 6. Halved beyond. A multiple of every ISA's vector width, and the same for
+// all ISAs (the saved layout depends on it).
 inline int64_t structured_tile_tokens(int64_t max_width) {
-  return max_width <= 1024 ? 64 : max_width <= 2048 ? 32 : 16;
+  return max_width <= 4096 ? 64 : max_width <= 8192 ? 32 : 16;
 }
 
 // The family's entry points, one table per ISA (src/cpu/kernels/structured.inc defines it).

@@ -226,13 +226,14 @@ TEST(Structured, KernelsMatchTheReference) {
       for (const StorageCase& st : storages) check_case(c, rows, st, rng);
 }
 
-// Many rows (several tiles per thread, the per-thread factor gradients summed) and a wide
-// operator (the 32- and 16-token tiles of widths over 1024 and 2048).
+// Many rows (several tiles per thread, the per-thread factor gradients summed) and wide operators
+// (the 32- and 16-token tiles of widths over 4096 and 8192, structured_tile_tokens).
 TEST(Structured, ManyRowsAndWideOperators) {
   std::mt19937 rng(11);
   check_case({"btt_256_s1_1025rows", btt_spec(btt_factorize(256, 256))}, 1025, {DType::f32, 0, 1}, rng);
   check_case({"monarch_1600_40", monarch_spec(1600, 40)}, 40, {DType::f32, 0, 1}, rng);
-  check_case({"low_rank_2100_r3", low_rank_spec(2100, 2050, 3)}, 33, {DType::f32, 0, 1}, rng);
+  check_case({"low_rank_5000_r3", low_rank_spec(5000, 4100, 3)}, 33, {DType::f32, 0, 1}, rng);
+  check_case({"low_rank_9000_r2", low_rank_spec(9000, 300, 2)}, 37, {DType::f32, 0, 1}, rng);
 }
 
 TEST(Structured, GradientsWithoutDxOrWithoutFactors) {
