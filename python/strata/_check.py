@@ -67,6 +67,15 @@ def integers(where: str, **named: Any) -> List[int]:
     return [integer(x, where, name) for name, x in named.items()]
 
 
+def embed_and_heads(embed_dim: Any, num_heads: Any, where: str) -> Tuple[int, int]:
+    """(embed_dim, num_heads) of an attention module: ints >= 1, num_heads dividing embed_dim."""
+    d = integer(embed_dim, where, "embed_dim", minimum=1)
+    h = integer(num_heads, where, "num_heads", minimum=1)
+    if d % h != 0:
+        fail(where, "num_heads", f"a divisor of embed_dim = {d}", repr(h))
+    return d, h
+
+
 def optional_integer(value: Any, where: str, arg: str, minimum: Optional[int] = None) -> Optional[int]:
     """None, or value as by :func:`integer`."""
     return None if value is None else integer(value, where, arg, minimum)

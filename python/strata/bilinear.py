@@ -116,10 +116,7 @@ class BilinearBTTAttention(torch.nn.Module):
                  x_layernorm: bool = False, causal: bool = True, rms_cap: bool = True, device=None, dtype=None):
         super().__init__()
         where = "BilinearBTTAttention"
-        D = _check.integer(embed_dim, where, "embed_dim", minimum=1)
-        H = _check.integer(num_heads, where, "num_heads", minimum=1)
-        if D % H != 0:
-            _check.fail(where, "num_heads", f"a divisor of embed_dim = {D}", repr(H))
+        D, H = _check.embed_and_heads(embed_dim, num_heads, where)
         s = _check.integer(btt_rank, where, "btt_rank", minimum=1)
         factorization = _check.string(factorization, where, "factorization")
         if factorization not in ("ref", "balanced"):
@@ -219,10 +216,7 @@ class BilinearMLRAttention(torch.nn.Module):
                  causal: bool = True, rms_cap: bool = True, device=None, dtype=None):
         super().__init__()
         where = "BilinearMLRAttention"
-        D = _check.integer(embed_dim, where, "embed_dim", minimum=1)
-        H = _check.integer(num_heads, where, "num_heads", minimum=1)
-        if D % H != 0:
-            _check.fail(where, "num_heads", f"a divisor of embed_dim = {D}", repr(H))
+        D, H = _check.embed_and_heads(embed_dim, num_heads, where)
         ranks = _ranks(ranks, where)
         if not 1 <= len(ranks) <= 30:
             _check.fail(where, "ranks", "1 to 30 levels", f"{len(ranks)} ({ranks})")

@@ -273,10 +273,7 @@ class MLRAttention(torch.nn.Module):
     ):
         super().__init__()
         where = "MLRAttention"
-        embed_dim = _check.integer(embed_dim, where, "embed_dim", minimum=1)
-        num_heads = _check.integer(num_heads, where, "num_heads", minimum=1)
-        if embed_dim % num_heads != 0:
-            _check.fail(where, "num_heads", f"a divisor of embed_dim = {embed_dim}", repr(num_heads))
+        embed_dim, num_heads = _check.embed_and_heads(embed_dim, num_heads, where)
         ranks = _ranks(ranks, where)
         kv = num_heads if num_kv_heads is None else _check.integer(num_kv_heads, where, "num_kv_heads", minimum=1)
         if num_heads % kv != 0:
