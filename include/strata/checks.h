@@ -78,7 +78,8 @@ void check_out(const char* where, const TensorView& o, Layout layout, const Attn
 // lse: [batch, d.heads(), seqlen_q], float32, any strides.
 void check_lse(const char* where, const TensorView& lse, const AttnDims& d);
 
-// The gradients of a backward: dout like o, dq like q, dk like k, dv like v, all of q's dtype.
+// The gradients of a backward: dout like o, dq like q, dk like k, dv like v, all of q's dtype. Their
+// elements must not overlap (check_no_overlap: they are written).
 void check_grads(const char* where, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                  const TensorView& dv, Layout layout, const AttnDims& d);
 

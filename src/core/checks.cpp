@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 namespace strata {
 namespace {
@@ -137,6 +138,8 @@ void check_grads(const char* where, const TensorView& dout, const TensorView& dq
   check_4d(where, "dq", dq, l, dtype, d.batch, d.seqlen_q, d.heads_q, d.head_dim, "(same as q)");
   check_4d(where, "dk", dk, l, dtype, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, "(same as k)");
   check_4d(where, "dv", dv, l, dtype, d.batch, d.seqlen_k, d.heads_kv, d.head_dim_v, "(same as v)");
+  for (const auto& [t, arg] : {std::pair{&dq, "dq"}, std::pair{&dk, "dk"}, std::pair{&dv, "dv"}})
+    check_no_overlap(where, arg, *t);
 }
 
 void check_key_padding_mask(const char* where, const TensorView& m, int64_t batch, int64_t seq) {

@@ -27,6 +27,8 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   check_out(where, o, L, d);
   check_lse(where, lse, d);
   validate(where, opt, d);
+  check_no_overlap(where, "o", o);  // after the other checks: their errors come first
+  check_no_overlap(where, "lse", lse);
 
   MlrParams p;
   p.lv = cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);

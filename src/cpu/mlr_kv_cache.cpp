@@ -205,6 +205,8 @@ void MlrKvCache::attend(const TensorView& q, const TensorView& o, const TensorVi
   d.dtype = q.dtype;
   check_out(where, o, L, d);
   check_lse(where, lse, d);
+  check_no_overlap(where, "o", o);
+  check_no_overlap(where, "lse", lse);
   const View4 qd = view4(q, L), od = view4(o, L);
   const int64_t group = Hq / heads_kv_;
   void (*const row_fn)(const cpu::MlrDecodeRow&) = STRATA_ACTIVE_KERNELS(kMlrKernels).decode_row;

@@ -129,6 +129,7 @@ void monarch_attention_forward(const TensorView& q, const TensorView& k, const T
   MonarchParams p = make_params(where, q, k, v, state, opt, &d);
   const Layout L = opt.layout;
   check_out(where, o, L, d);
+  check_no_overlap(where, "o", o);
   p.o = strided(o, L);
   STRATA_ACTIVE_KERNELS(kMonarchKernels).forward(p);
 }

@@ -29,6 +29,11 @@ struct Args {
     const int s = layout == Layout::BSHD ? 1 : 2;
     return t.shape[which == 'b' ? 0 : which == 's' ? s : which == 'h' ? 3 - s : 3];
   }
+  // Its stride (in elements).
+  int64_t& stride(TensorView& t, char which) const {
+    const int s = layout == Layout::BSHD ? 1 : 2;
+    return t.stride[which == 'b' ? 0 : which == 's' ? s : which == 'h' ? 3 - s : 3];
+  }
 };
 
 // The kinds of entry point, as bits: which arguments each takes follows from its kind.
@@ -334,6 +339,16 @@ TEST_P(SharedChecks, GradientsOfAnotherShape) {
   expect_rejected("dq", [](Args& a) { a.dim(a.dq, 's') = 5; }, {"seq=8", "seq=5", "(same as q)"});
   expect_rejected("dk", [](Args& a) { a.dim(a.dk, 'h') = 1; }, {"heads=2", "heads=1", "(same as k)"});
   expect_rejected("dv", [](Args& a) { a.dim(a.dv, 'd') = 8; }, {"dim=16", "dim=8", "(same as v)"});
+}
+
+// An output whose elements overlap (a stride-0 dim, as torch's expand() makes) would have its rows
+// written over one another: every family's kernels refuse it (strata/checks.h, check_no_overlap).
+TEST_P(SharedChecks, OverlappingOutputs) {
+  const std::vector<std::string> needles = {"do not overlap", "stride 0"};
+  expect_rejected("o", [](Args& a) { a.stride(a.o, 'h') = 0; }, needles);
+  expect_rejected("dq", [](Args& a) { a.stride(a.dq, 's') = 0; }, needles);
+  expect_rejected("dk", [](Args& a) { a.stride(a.dk, 'h') = 0; }, needles);
+  expect_rejected("dv", [](Args& a) { a.stride(a.dv, 'd') = 0; }, needles);
 }
 
 // The families with an lse, and those that take a key padding mask.
