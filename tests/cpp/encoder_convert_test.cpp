@@ -23,6 +23,7 @@
 #include "strata/threading.h"
 #include "strata/torch/baselines.h"
 #include "strata/torch/monarch.h"
+#include "test_util.h"
 
 namespace {
 
@@ -265,16 +266,8 @@ TEST_F(ConvertTest, ApproximationsStayCloseAndLayersAreRespected) {
 
 // ---- the conversion evaluation (models/conversion.h) ---------------------------------------------
 
-// Runs f, expecting a strata::Error whose message holds every one of `want`.
-template <class F>
-void expect_error(const F& f, const std::vector<std::string>& want) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming " << want[0];
-  } catch (const strata::Error& e) {
-    for (const std::string& w : want) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
-}
+// (expect_error: tests/cpp/test_util.h)
+using strata::test::expect_error;
 
 TEST(Conversion, MethodsAreParsedOnce) {
   using strata::models::parse_conversion_method;

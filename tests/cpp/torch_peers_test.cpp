@@ -19,6 +19,7 @@
 #include "strata/torch/attention.h"  // view_of
 #include "strata/torch/peers.h"
 #include "test_util.h"
+#include "test_util.h"
 
 namespace {
 
@@ -147,16 +148,8 @@ TEST(TorchPeers, MonarchMatchesTheReference) {
       }
 }
 
-// Runs f, expecting a strata::Error whose message holds every one of `want`.
-template <class F>
-void expect_error(const F& f, const std::vector<std::string>& want) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming " << want[0];
-  } catch (const strata::Error& e) {
-    for (const std::string& w : want) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
-}
+// (expect_error: tests/cpp/test_util.h)
+using strata::test::expect_error;
 
 TEST(TorchPeers, BadArgumentsNameTheArgument) {
   const at::Tensor q = at::randn({1, 2, 8, 6}), v = at::randn({1, 2, 8, 4});

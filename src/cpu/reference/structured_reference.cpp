@@ -24,42 +24,45 @@ double weight(const TensorView& w, const StructuredStage& s, bool right, int64_t
   return right ? at3(w, b, i, o) : at3(w, b, o, i);
 }
 
-// out = the stage applied to in (widths a -> b).
-void stage_apply(const StructuredStage& s, const TensorView* w, bool right, const std::vector<double>& in, int64_t a,
-                 int64_t b, std::vector<double>& out) {
-  out.assign(size_t(b), 0.0);
-  if (s.kind == StageKind::identity) {
-    out = in;
-    return;
-  }
+// Calls fn(k, i, o, w) for every weight of stage s (widths a -> b): chunk k, stage input i, stage
+// output o (global indices), w = the weight entry linking them.
+template <class F>
+void for_each_weight(const StructuredStage& s, const TensorView& wt, bool right, int64_t a, int64_t b, F fn) {
   for (int64_t k = 0; k < s.blocks; ++k) {
     const int64_t i0 = chunk_at(a, s.blocks, k), i1 = chunk_at(a, s.blocks, k + 1);
     const int64_t o0 = chunk_at(b, s.blocks, k), o1 = chunk_at(b, s.blocks, k + 1);
     for (int64_t o = o0; o < o1; ++o)
-      for (int64_t i = i0; i < i1; ++i) out[size_t(o)] += weight(*w, s, right, k, i - i0, o - o0) * in[size_t(i)];
+      for (int64_t i = i0; i < i1; ++i) fn(k, i, o, weight(wt, s, right, k, i - i0, o - o0), i - i0, o - o0);
   }
+}
+
+// out = the stage applied to in (widths a -> b).
+void stage_apply(const StructuredStage& s, const TensorView* w, bool right, const std::vector<double>& in, int64_t a,
+                 int64_t b, std::vector<double>& out) {
+  if (s.kind == StageKind::identity) {
+    out = in;
+    return;
+  }
+  out.assign(size_t(b), 0.0);
+  for_each_weight(s, *w, right, a, b, [&](int64_t, int64_t i, int64_t o, double wv, int64_t, int64_t) {
+    out[size_t(o)] += wv * in[size_t(i)];
+  });
 }
 
 // in_grad = the stage's transpose applied to out_grad; dw (the factor's entries) += its weight gradient.
 void stage_back(const StructuredStage& s, const TensorView* w, bool right, const std::vector<double>& in,
                 const std::vector<double>& dout, int64_t a, int64_t b, std::vector<double>& din,
                 std::vector<double>* dw, int64_t rows, int64_t cols) {
-  din.assign(size_t(a), 0.0);
   if (s.kind == StageKind::identity) {
     din = dout;
     return;
   }
-  for (int64_t k = 0; k < s.blocks; ++k) {
-    const int64_t i0 = chunk_at(a, s.blocks, k), i1 = chunk_at(a, s.blocks, k + 1);
-    const int64_t o0 = chunk_at(b, s.blocks, k), o1 = chunk_at(b, s.blocks, k + 1);
-    const int64_t blk = s.kind == StageKind::shared ? 0 : k;
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t i = i0; i < i1; ++i) {
-        din[size_t(i)] += weight(*w, s, right, k, i - i0, o - o0) * dout[size_t(o)];
-        const int64_t r = right ? i - i0 : o - o0, c = right ? o - o0 : i - i0;
-        if (dw) (*dw)[size_t((blk * rows + r) * cols + c)] += in[size_t(i)] * dout[size_t(o)];
-      }
-  }
+  din.assign(size_t(a), 0.0);
+  for_each_weight(s, *w, right, a, b, [&](int64_t k, int64_t i, int64_t o, double wv, int64_t il, int64_t ol) {
+    din[size_t(i)] += wv * dout[size_t(o)];
+    const int64_t blk = s.kind == StageKind::shared ? 0 : k, r = right ? il : ol, c = right ? ol : il;
+    if (dw) (*dw)[size_t((blk * rows + r) * cols + c)] += in[size_t(i)] * dout[size_t(o)];
+  });
 }
 
 std::vector<double> row_of(const TensorView& x, int64_t r, int64_t n) {
