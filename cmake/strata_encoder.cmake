@@ -14,6 +14,7 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 
 add_library(strata_data STATIC
+  ${PROJECT_SOURCE_DIR}/data/files.cpp
   ${PROJECT_SOURCE_DIR}/data/minilm.cpp
   ${PROJECT_SOURCE_DIR}/data/safetensors.cpp
   ${PROJECT_SOURCE_DIR}/data/sha256.cpp

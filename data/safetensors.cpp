@@ -282,3 +282,37 @@ const SafetensorsTensor& SafetensorsFile::tensor(const std::string& name) const 
 }
 
 }  // namespace strata::data
+
+namespace strata::data {
+
+std::vector<std::byte> safetensors_bytes(const std::vector<SafetensorsTensor>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
+  // nlohmann::ordered_json keeps the tensors in data order (readers sort by offset anyway).
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    STRATA_CHECK(!t.name.empty() && t.name != "__metadata__", "safetensors_bytes: tensor name '", t.name,
+                 "': expected a non-empty name other than __metadata__");
+    STRATA_CHECK(!header.contains(t.name), "safetensors_bytes: tensor '", t.name, "': name repeated");
+    const uint64_t expect = uint64_t(t.numel()) * st_dtype_size(t.dtype);
+    STRATA_CHECK(expect == t.bytes.size(), "safetensors_bytes: tensor '", t.name, "': expected ", expect,
+                 " bytes (", t.shape_str(), " x ", st_dtype_name(t.dtype), "), got ", t.bytes.size());
+    header[t.name] = {{"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + expect}}};
+    offset += expect;
+  }
+  std::string h = header.dump();
+  h.resize((h.size() + 7) / 8 * 8, ' ');  // data 8-byte aligned (the format allows trailing spaces)
+  std::vector<std::byte> out(8 + h.size() + offset);
+  const uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = std::byte((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, h.data(), h.size());
+  size_t at = 8 + h.size();
+  for (const auto& t : tensors) {
+    if (!t.bytes.empty()) std::memcpy(out.data() + at, t.bytes.data(), t.bytes.size());
+    at += t.bytes.size();
+  }
+  return out;
+}
+
+}  // namespace strata::data

@@ -74,4 +74,12 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// The bytes of a safetensors file holding `tensors` (in that order; names unique, numel x dtype
+// size == bytes.size()) and `metadata` (the "__metadata__" string map; omitted when empty). The
+// header is padded with spaces to a multiple of 8 bytes, so tensor data starts 8-byte aligned.
+// SafetensorsFile::from_bytes(safetensors_bytes(t, m)) reads them back exactly. Throws
+// strata::Error naming the tensor for a repeated name or a size mismatch.
+std::vector<std::byte> safetensors_bytes(const std::vector<SafetensorsTensor>& tensors,
+                                         const std::map<std::string, std::string>& metadata = {});
+
 }  // namespace strata::data

@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "files.h"
+#include "data/files.h"
 #include "strata/error.h"
 
 namespace strata::app {
@@ -18,7 +18,7 @@ namespace strata::app {
 CLI::Validator writable_file() {
   return CLI::Validator(
       [](std::string& path) {
-        const std::string why = unwritable_reason(path);
+        const std::string why = data::unwritable_reason(path);
         return why.empty() ? std::string() : "cannot write '" + path + "': " + why;
       },
       "FILE", "writable file");

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "files.h"
+#include "data/files.h"
 #include "plot.h"
 #include "session.h"
 #include "strata/error.h"
@@ -108,12 +108,12 @@ models::ConversionReport convert_and_report(const models::ConversionConfig& cfg,
   const char* where = "strata convert";
   // The output before any work: a typo must not cost a whole run.
   const std::string json_path = out_dir + "/convert.json";
-  const std::string out_why = unwritable_reason(json_path);
+  const std::string out_why = data::unwritable_reason(json_path);
   STRATA_CHECK_ARG(out_why.empty(), where, "--out", "a folder where convert.json can be written",
                    ::strata::detail::cat("'", out_dir, "' (", out_why, ")"));
   const models::ConversionReport r = models::run_conversion(
       cfg, [&](const models::ConversionReport& so_far) { print_progress(so_far, cfg.long_lengths, cfg.passages); });
-  write_file_atomic(json_path, report_json(r, cfg).dump(2) + "\n", where);
+  data::write_file_atomic(json_path, report_json(r, cfg).dump(2) + "\n", where);
   print_convert_targets(r);
   fmt::print("wrote {}\n", json_path);
   if (plot) {
