@@ -339,19 +339,22 @@ TEST(DataTrainIcr, PromptLayoutAndLinearity) {
       }
       EXPECT_EQ(r.y_token(b, i, 0), r.targets[size_t(b * r.n + i)]);
     }
-    // y_i = x_i . w with one w per prompt: w solved from the first 6 points predicts the other 8.
-    std::vector<double> A, y;
-    for (int64_t i = 0; i < s.active_dims; ++i) {
-      for (int64_t j = 0; j < s.active_dims; ++j) A.push_back(r.x(b, i, j));
-      y.push_back(r.targets[size_t(b * r.n + i)]);
-    }
-    const std::vector<double> w = solve(A, y);
-    for (int64_t i = s.active_dims; i < r.n; ++i) {
+    // y_i = x_i . w with one w per prompt: the least-squares w over all 14 points (normal
+    // equations in double) fits every point. The only misfit is rounding y to float (6e-8 of |y|,
+    // and |y| < 6 here): 1e-5 is a wide margin, while y with any other dependence on x, or a w that
+    // changed inside the prompt, misses by O(1).
+    const int64_t da = s.active_dims;
+    std::vector<double> AtA(size_t(da * da), 0.0), Aty(size_t(da), 0.0);
+    for (int64_t i = 0; i < r.n; ++i)
+      for (int64_t j = 0; j < da; ++j) {
+        Aty[size_t(j)] += double(r.x(b, i, j)) * r.targets[size_t(b * r.n + i)];
+        for (int64_t k = 0; k < da; ++k) AtA[size_t(j * da + k)] += double(r.x(b, i, j)) * r.x(b, i, k);
+      }
+    const std::vector<double> w = solve(AtA, Aty);
+    for (int64_t i = 0; i < r.n; ++i) {
       double pred = 0;
-      for (int64_t j = 0; j < s.active_dims; ++j) pred += r.x(b, i, j) * w[size_t(j)];
-      // Targets are float (relative rounding 6e-8 of |y| ~ 1) and the 6x6 solve amplifies that by
-      // its condition number (random Gaussian: typically < 100): 1e-4 leaves a wide margin.
-      EXPECT_NEAR(pred, r.targets[size_t(b * r.n + i)], 1e-4) << "prompt " << b << " point " << i;
+      for (int64_t j = 0; j < da; ++j) pred += r.x(b, i, j) * w[size_t(j)];
+      EXPECT_NEAR(pred, r.targets[size_t(b * r.n + i)], 1e-5) << "prompt " << b << " point " << i;
     }
     if (b == 0) {
       w_first = w;
