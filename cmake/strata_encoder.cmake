@@ -1,7 +1,8 @@
 # The pretrained-encoder stack of the zero-shot conversion (docs/methods.md) (included from the top-level
 # CMakeLists.txt after torch/):
 #   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
-#                   and Spearman, model-directory and shared-data lookup       (data/)
+#                   and Spearman, model-directory and shared-data lookup; the training datasets
+#                   (char corpora, in-context regression, ETTh1)                (data/)
 #   strata_models   LibTorch: the BERT encoder with pluggable attention, the attention zoo it
 #                   converts to (softmax / Monarch / Nystrom / Performer) and the conversion
 #                   evaluation (STS-B, long passages, FLOPs)                      (models/)
@@ -14,7 +15,10 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 
 add_library(strata_data STATIC
+  ${PROJECT_SOURCE_DIR}/data/char_corpus.cpp
+  ${PROJECT_SOURCE_DIR}/data/ett.cpp
   ${PROJECT_SOURCE_DIR}/data/files.cpp
+  ${PROJECT_SOURCE_DIR}/data/icr.cpp
   ${PROJECT_SOURCE_DIR}/data/minilm.cpp
   ${PROJECT_SOURCE_DIR}/data/safetensors.cpp
   ${PROJECT_SOURCE_DIR}/data/sha256.cpp
@@ -33,6 +37,7 @@ set(STRATA_ENCODER_TEST_SOURCES
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_minilm_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_safetensors_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_sts_test.cpp
+  ${PROJECT_SOURCE_DIR}/tests/cpp/data_train_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_wordpiece_test.cpp
 )
 set(STRATA_ENCODER_TEST_LIBS strata_data)

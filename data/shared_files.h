@@ -14,4 +14,18 @@ std::string find_shared_file(const std::string& relative, std::string* tried = n
 // the std::filesystem functions, which executables linked with torch bind to).
 bool is_regular_file(const std::string& path);
 
+// Checks a data file against its published sha256: throws strata::Error unless `path` is a regular
+// file whose sha256 is `expected_sha256`. The message names `what` and the file, the expected and
+// the actual sha256 ("none: the file is missing" for a missing one) and `how_to_get` it.
+void check_file_sha256(const std::string& what, const std::string& path, const std::string& expected_sha256,
+                       const std::string& how_to_get);
+
+// find_shared_file(relative) checked with check_file_sha256; a file in none of the candidate
+// folders is a strata::Error naming them. Returns the path.
+std::string checked_shared_file(const std::string& what, const std::string& relative,
+                                const std::string& expected_sha256, const std::string& how_to_get);
+
+// The file name of a path: what follows its last '/'.
+std::string base_name(const std::string& path);
+
 }  // namespace strata::data

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything strata needs, idempotently, OUTSIDE the clone so CI on the same machine
-# reuses it:  Debian packages (apt) + a Python venv at $STRATA_HOME/venv with a pinned torch.
+# reuses it:  Debian packages (apt) + the KJV text at $STRATA_HOME/data/kjv.txt (from Debian's
+# bible-kjv, for the char-LM experiments) + a Python venv at $STRATA_HOME/venv with a pinned torch.
 # Prints the venv path on the last line. Safe to run again: skips what is already there.
 set -euo pipefail
 
@@ -11,7 +12,8 @@ PY="${PYTHON:-python3}"
 
 APT_PKGS=(g++ cmake ninja-build ccache pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-          libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libutf8proc-dev libhwy-dev)
+          libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libutf8proc-dev libhwy-dev
+          bible-kjv)
 PIP_PKGS=("torch==$TORCH_VERSION" "numpy" "pytest" "matplotlib")
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -31,6 +33,19 @@ if [ ${#missing[@]} -gt 0 ]; then
     || die "apt-get install failed for: ${missing[*]} (registry unreachable or package missing)"
 else
   log "Debian packages present"
+fi
+
+# --- KJV text (data/char_corpus.h checks its sha256) --------------------------------------------
+KJV="$STRATA_HOME/data/kjv.txt"
+if [ ! -s "$KJV" ]; then
+  command -v bible >/dev/null || die "the 'bible' program (Debian package bible-kjv) is missing: apt-get install bible-kjv"
+  log "writing $KJV from bible-kjv"
+  mkdir -p "$STRATA_HOME/data"
+  # COLUMNS unset: -f formats to that width when it is set; one verse per line is what is checksummed.
+  env -u COLUMNS bible -f 'gen1:1-rev22:21' > "$KJV.tmp" || die "bible -f 'gen1:1-rev22:21' failed"
+  mv "$KJV.tmp" "$KJV"
+else
+  log "KJV text present ($KJV)"
 fi
 
 # --- Python venv with torch (LibTorch for C++ comes from torch.utils.cmake_prefix_path) --------
