@@ -89,11 +89,11 @@ at::Tensor ForecasterImpl::forward(const at::Tensor& x) {
                    x.defined() ? cat(x.dim(), "-D ", x.scalar_type(), " ", x.sizes()) : std::string("an undefined tensor"));
   const int64_t B = x.size(0), L = c.input_len, C = c.channels, N = tokens();
   at::Tensor series = x;  // batch x L x C
-  at::Tensor mean, std;
+  at::Tensor mean, sigma;  // batch x 1 x C
   if (c.revin) {  // per sample and channel, over time
     mean = x.mean({1}, /*keepdim=*/true);
-    std = (x.var({1}, /*unbiased=*/false, /*keepdim=*/true) + kRevinEps).sqrt();
-    series = (x - mean) / std;
+    sigma = (x.var({1}, /*unbiased=*/false, /*keepdim=*/true) + kRevinEps).sqrt();
+    series = (x - mean) / sigma;
   }
   const at::Tensor pos = pos_emb(at::arange(N, x.options().dtype(at::kLong)));  // N x width
   at::Tensor h;
@@ -109,7 +109,7 @@ at::Tensor ForecasterImpl::forward(const at::Tensor& x) {
   const at::Tensor flat = ln_f(h).flatten(1);  // sequences x (N width)
   at::Tensor y = c.kind == "point" ? head(flat).view({B, c.horizon, C})
                                    : head(flat).view({B, C, c.horizon}).transpose(1, 2);  // batch x H x C
-  if (c.revin) y = y * std + mean;
+  if (c.revin) y = y * sigma + mean;
   return y;
 }
 
