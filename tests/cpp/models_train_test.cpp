@@ -425,6 +425,38 @@ TEST(Models, RevinDenormalisesAZeroHead) {  // a fresh model predicts each chann
   }
 }
 
+TEST(Models, DropoutOnlyInTraining) {
+  sm::DecoderConfig c = lm_config("mha|mlr:ranks=4|4");
+  c.dropout = 0.5;
+  sm::Decoder lm(c);
+  randomize(*lm, 42);
+  const at::Tensor ids = lm_ids(2, 16, 43);
+  lm->train();
+  EXPECT_GT(rel_err(lm(ids), lm(ids)), 1e-3);  // two draws of the masks
+  lm->eval();
+  EXPECT_LE(rel_err(lm(ids), lm(ids)), 0.0);
+}
+
+TEST(Models, RegressionReadInAndReadOutRoles) {
+  sm::DecoderConfig c = lm_config("mha");
+  c.vocab_size = 0;
+  c.input_dim = 5;
+  c.bias = true;
+  sm::Decoder reg(c);
+  std::map<std::string, st::MupParam> by_name;
+  for (const st::MupParam& p : st::mup_params(*reg)) by_name.emplace(p.name, p);
+  EXPECT_EQ(by_name.at("read_in.weight").role.kind, st::MupKind::Hidden);
+  EXPECT_EQ(by_name.at("read_in.weight").role.fan_in, 5);
+  EXPECT_EQ(by_name.at("head.weight").role.kind, st::MupKind::Output);
+  EXPECT_EQ(reg->head->weight.sizes(), (std::vector<int64_t>{1, 16}));
+  EXPECT_EQ(reg->head->weight.abs().max().item<double>(), 0.0);
+  EXPECT_FALSE(reg->tok_emb);
+  // Every parameter but the position embedding (context 16 x width 16) is non-embedding here.
+  int64_t all = 0;
+  for (const at::Tensor& p : reg->parameters()) all += p.numel();
+  EXPECT_EQ(reg->non_embedding_params(), all - 16 * 16);
+}
+
 // ---- FLOPs and parameter counts ----------------------------------------------------------------
 
 TEST(Models, ForwardFlopsOfMhaMatchAHandCount) {
