@@ -46,7 +46,10 @@ if(TARGET strata_torch)
   add_library(strata_models STATIC
     ${PROJECT_SOURCE_DIR}/models/bert_encoder.cpp
     ${PROJECT_SOURCE_DIR}/models/attention_zoo.cpp
-    ${PROJECT_SOURCE_DIR}/models/conversion.cpp)
+    ${PROJECT_SOURCE_DIR}/models/conversion.cpp
+    ${PROJECT_SOURCE_DIR}/models/layer_attention.cpp
+    ${PROJECT_SOURCE_DIR}/models/decoder.cpp
+    ${PROJECT_SOURCE_DIR}/models/forecaster.cpp)
   target_compile_options(strata_models PRIVATE ${STRATA_WARNINGS})
   target_link_libraries(strata_models PUBLIC strata_data strata_torch)
   list(APPEND STRATA_ENCODER_TEST_SOURCES
@@ -61,3 +64,11 @@ add_executable(strata_encoder_tests ${STRATA_ENCODER_TEST_SOURCES})
 target_compile_options(strata_encoder_tests PRIVATE ${STRATA_WARNINGS})
 target_link_libraries(strata_encoder_tests PRIVATE ${STRATA_ENCODER_TEST_LIBS} GTest::gtest GTest::gtest_main)
 gtest_discover_tests(strata_encoder_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS encoder)
+
+# The trained models (models/layer_attention.h, decoder.h, forecaster.h): ctest -L models.
+if(TARGET strata_torch)
+  add_executable(strata_models_tests ${PROJECT_SOURCE_DIR}/tests/cpp/models_train_test.cpp)
+  target_compile_options(strata_models_tests PRIVATE ${STRATA_WARNINGS})
+  target_link_libraries(strata_models_tests PRIVATE strata_models GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(strata_models_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS models)
+endif()

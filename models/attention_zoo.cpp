@@ -2,10 +2,10 @@
 #include "models/attention_zoo.h"
 
 #include <algorithm>
-#include <charconv>
 #include <set>
 #include <utility>
 
+#include "models/spec_util.h"
 #include "strata/attention.h"
 #include "strata/error.h"
 #include "strata/monarch.h"
@@ -17,33 +17,9 @@ namespace strata::models {
 namespace {
 
 using detail::cat;
-
-// The error of a bad spec: 'attention spec "<spec>": <what>'.
-[[noreturn]] void bad_spec(const std::string& spec, const std::string& what) {
-  throw Error(cat("attention spec \"", spec, "\": ", what));
-}
-
-// Parses a decimal integer >= lo that fills `text` entirely; throws naming the key otherwise.
-int64_t parse_int(const std::string& spec, const std::string& key, const std::string& text, int64_t lo) {
-  int64_t v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end || v < lo)
-    bad_spec(spec, cat("key '", key, "': expected an integer >= ", lo, ", got \"", text, "\""));
-  return v;
-}
-
-// The value among `choices` whose name is `text`; throws naming the key and the names otherwise.
-template <class E>
-E parse_choice(const std::string& spec, const std::string& key, const std::string& text,
-               std::initializer_list<E> choices, const char* (*name_of)(E)) {
-  std::string list;
-  for (E c : choices) {
-    if (text == name_of(c)) return c;
-    list += list.empty() ? name_of(c) : cat(" or ", name_of(c));
-  }
-  bad_spec(spec, cat("key '", key, "': expected ", list, ", got \"", text, "\""));
-}
+using spec_syntax::bad_spec;
+using spec_syntax::parse_choice;
+using spec_syntax::parse_int;
 
 // Checks the fields of the spec's kind (also for specs built in code, not parsed).
 void validate(const AttentionSpec& s, const std::string& shown) {
@@ -98,19 +74,7 @@ AttentionSpec parse_attention_spec(const std::string& spec) {
                      : s.kind == AttentionKind::nystrom ? "landmarks, iters"
                      : s.kind == AttentionKind::performer ? "features, seed"
                                                           : "none: softmax takes no options";
-  const std::string rest = spec.substr(colon + 1);
-  if (rest.empty()) bad_spec(spec, "nothing after ':' (expected key=value pairs, or no ':')");
-  std::set<std::string> seen;
-  size_t pos = 0;
-  while (pos <= rest.size()) {
-    const size_t comma = std::min(rest.find(',', pos), rest.size());
-    const std::string item = rest.substr(pos, comma - pos);
-    pos = comma + 1;
-    const size_t eq = item.find('=');
-    if (item.empty() || eq == std::string::npos || eq == 0)
-      bad_spec(spec, cat("expected key=value, got \"", item, "\""));
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (!seen.insert(key).second) bad_spec(spec, cat("key '", key, "' given twice"));
+  for (const auto& [key, value] : spec_syntax::key_values(spec, spec.substr(colon + 1))) {
     bool known = true;
     switch (s.kind) {
       case AttentionKind::monarch:
@@ -136,7 +100,6 @@ AttentionSpec parse_attention_spec(const std::string& spec) {
       default: known = false;
     }
     if (!known) bad_spec(spec, cat("unknown key '", key, "' for ", kind, " (expected one of: ", keys, ")"));
-    if (comma == rest.size()) break;
   }
   return s;
 }
