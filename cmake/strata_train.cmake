@@ -9,7 +9,10 @@ pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 
 add_library(strata_train STATIC
   ${PROJECT_SOURCE_DIR}/models/checkpoint.cpp
+  ${PROJECT_SOURCE_DIR}/models/generate.cpp
   ${PROJECT_SOURCE_DIR}/models/train_config.cpp
+  ${PROJECT_SOURCE_DIR}/models/tasks.cpp
+  ${PROJECT_SOURCE_DIR}/models/trainer.cpp
 )
 target_compile_options(strata_train PRIVATE ${STRATA_WARNINGS})
 target_link_libraries(strata_train PUBLIC strata_models strata_data PkgConfig::TOMLPP)

@@ -145,11 +145,13 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step,
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  struct stat info {};
+  STRATA_CHECK(::stat(path.c_str(), &info) == 0, "checkpoint '", path,
+               "': no such file or folder (expected a run folder or a checkpoint's .json)");
   std::string meta_path = path;
   if (is_dir(path)) {
     meta_path = is_dir(path + "/checkpoints") ? path + "/checkpoints/latest.json" : path + "/latest.json";
-    struct stat st {};
-    STRATA_CHECK(::stat(meta_path.c_str(), &st) == 0, "checkpoint '", path, "': no checkpoint in this folder (expected ",
+    STRATA_CHECK(::stat(meta_path.c_str(), &info) == 0, "checkpoint '", path, "': no checkpoint in this folder (expected ",
                  meta_path, ")");
   }
   Checkpoint c;

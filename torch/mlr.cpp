@@ -227,4 +227,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_mlr_attention_backward(
   return {gq, gk, gv};
 }
 
+// ---- decode cache ------------------------------------------------------------------------------
+
+MlrDecodeCache::MlrDecodeCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int64_t max_seqlen,
+                               const MlrArgs& a)
+    : batch_(batch), head_dim_v_(head_dim_v) {
+  const char* where = "MlrDecodeCache";
+  STRATA_CHECK_ARG(!a.segment_starts.has_value() && !a.segment_offsets.has_value(), where, "segment_starts / segment_offsets",
+                   "none (segments are not supported by this wrapper; use strata::MlrKvCache)", "a segment list");
+  STRATA_CHECK_ARG(a.layout == "bshd", where, "layout", "\"bshd\"", cat("\"", a.layout, "\""));
+  const ResolvedOptions r = make_options(where, a, Layout::BSHD, batch);
+  cache_ = std::make_unique<MlrKvCache>(batch, heads_kv, head_dim_v, max_seqlen, r.opt);
+}
+
+void MlrDecodeCache::append(const at::Tensor& k, const at::Tensor& v) {
+  const char* where = "MlrDecodeCache::append";
+  STRATA_CHECK_ARG(k.dim() == 4 && k.size(0) == batch_, where, "k", cat("batch ", batch_, " x n x heads_kv x head_dim"),
+                   k.sizes());
+  STRATA_CHECK_ARG(v.dim() == 4 && v.size(1) == k.size(1), where, "v", cat("batch x ", k.size(1), " x heads_kv x head_dim_v"),
+                   v.sizes());
+  const std::vector<int64_t> n_new(size_t(batch_), k.size(1));
+  cache_->append(view_of(k, where, "k"), view_of(v, where, "v"), n_new.data());
+}
+
+at::Tensor MlrDecodeCache::attend(const at::Tensor& q) const {
+  const char* where = "MlrDecodeCache::attend";
+  STRATA_CHECK_ARG(q.dim() == 4 && q.size(0) == batch_ && q.size(1) == 1, where, "q",
+                   cat("batch ", batch_, " x 1 x heads_q x head_dim"), q.sizes());
+  at::Tensor o = at::empty({q.size(0), 1, q.size(2), head_dim_v_}, q.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(2), 1}, q.options().dtype(at::kFloat));
+  cache_->attend(view_of(q, where, "q"), view_of(o, where, "o"), view_of(lse, where, "lse"));
+  return o;
+}
+
 }  // namespace strata::torch

@@ -71,6 +71,15 @@ struct BenchStructuredOptions {
 CLI::App* add_bench_structured(CLI::App& bench, BenchStructuredOptions& o);
 int run_bench_structured(const BenchStructuredOptions& o);
 
+struct BenchTrainOptions {  // bench_train.cpp
+  bool smoke = false;
+  std::string json, csv;
+  int threads = 0;
+  int reps = 0;
+};
+CLI::App* add_bench_train(CLI::App& bench, BenchTrainOptions& o);
+int run_bench_train(const BenchTrainOptions& o);
+
 struct DemoOptions {
   std::string out = "out";
   int threads = 0;
@@ -89,5 +98,38 @@ struct ConvertOptions {  // convert.h
 };
 CLI::App* add_convert(CLI::App& app, ConvertOptions& o);
 int run_convert(const ConvertOptions& o);
+
+struct TrainOptions {  // train.cpp
+  std::string config, size, out;
+  std::vector<std::string> sets;  // "key=value"
+  bool resume = false, no_progress = false;
+  int64_t stop_after = -1;
+};
+CLI::App* add_train(CLI::App& app, TrainOptions& o);
+int run_train(const TrainOptions& o);
+
+struct EvalOptions {  // train.cpp
+  std::string checkpoint, split = "val", json;
+  int64_t batch = 0;
+};
+CLI::App* add_eval(CLI::App& app, EvalOptions& o);
+int run_eval(const EvalOptions& o);
+
+struct GenerateOptions {  // train.cpp
+  std::string checkpoint, prompt;
+  int64_t tokens = 200, top_k = 0;
+  double temperature = 1.0;
+  uint64_t seed = 0;
+};
+CLI::App* add_generate(CLI::App& app, GenerateOptions& o);
+int run_generate(const GenerateOptions& o);
+
+struct PlotRunsOptions {  // train.cpp
+  std::vector<std::string> runs;
+  std::string out = "runs/plot.png", metric;
+  int64_t smooth = 20;
+};
+CLI::App* add_plot_runs(CLI::App& app, PlotRunsOptions& o);
+int run_plot_runs(const PlotRunsOptions& o);
 
 }  // namespace strata::app

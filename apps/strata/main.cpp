@@ -76,21 +76,36 @@ int main(int argc, char** argv) {
   CLI::App* demo = add_demo(app, demo_opt);
   ConvertOptions convert_opt;
   CLI::App* convert = add_convert(app, convert_opt);
+  TrainOptions train_opt;
+  CLI::App* train = add_train(app, train_opt);
+  EvalOptions eval_opt;
+  CLI::App* eval = add_eval(app, eval_opt);
+  GenerateOptions generate_opt;
+  CLI::App* generate = add_generate(app, generate_opt);
+  PlotRunsOptions plot_opt;
+  CLI::App* plot = add_plot_runs(app, plot_opt);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks against peers (table + JSON)");
   CLI::App* bench_attn = add_bench_attention(*bench, bench_attn_opt);
   CLI::App* bench_mlr = add_bench_mlr(*bench, bench_mlr_opt);
   CLI::App* bench_monarch = add_bench_monarch(*bench, bench_monarch_opt);
   CLI::App* bench_structured = add_bench_structured(*bench, bench_structured_opt);
+  BenchTrainOptions bench_train_opt;
+  CLI::App* bench_train = add_bench_train(*bench, bench_train_opt);
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*info) return run_info(info_opt);
     if (*demo) return run_demo(demo_opt);
     if (*convert) return run_convert(convert_opt);
+    if (*train) return run_train(train_opt);
+    if (*eval) return run_eval(eval_opt);
+    if (*generate) return run_generate(generate_opt);
+    if (*plot) return run_plot_runs(plot_opt);
     if (*bench_attn) return run_bench_attention(bench_attn_opt);
     if (*bench_mlr) return run_bench_mlr(bench_mlr_opt);
     if (*bench_monarch) return run_bench_monarch(bench_monarch_opt);
     if (*bench_structured) return run_bench_structured(bench_structured_opt);
+    if (*bench_train) return run_bench_train(bench_train_opt);
     // No command given (CLI11 has already rejected unknown words): say so and show the usage.
     CLI::App* where = *bench ? bench : &app;
     std::string names;

@@ -12,12 +12,14 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "strata/mlr.h"
+#include "strata/mlr_kv_cache.h"
 
 namespace strata::torch {
 
@@ -68,5 +70,26 @@ std::tuple<at::Tensor, at::Tensor> reference_mlr_attention_forward(const at::Ten
 // Returns (dq, dk, dv) float64 in the layouts of q, k, v; dout: shape of out, dtype of q.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_mlr_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const MlrArgs& a);
+
+// The decode cache of MLR attention (strata/mlr_kv_cache.h: per level only the current block's
+// r_l-dim key slices) over LibTorch tensors, layout "bshd", float32 or bfloat16 in, fp32 storage.
+// Blocks are fixed at construction from a (its context or block_sizes; required with 2 or more
+// levels); segments are not supported here (an error names segment_starts / segment_offsets).
+//   append: k batch x n x heads_kv x head_dim, v batch x n x heads_kv x head_dim_v (n tokens for
+//           every sequence)
+//   attend: q batch x 1 x heads_q x head_dim -> batch x 1 x heads_q x head_dim_v (q's dtype): the
+//           last position of each sequence over its cache; equals the last row of mlr_attention
+//           over the tokens so far (same args, causal) to fp32 round-off.
+class MlrDecodeCache {
+ public:
+  MlrDecodeCache(int64_t batch, int64_t heads_kv, int64_t head_dim_v, int64_t max_seqlen, const MlrArgs& a);
+  void append(const at::Tensor& k, const at::Tensor& v);
+  at::Tensor attend(const at::Tensor& q) const;
+  const MlrKvCache& core() const { return *cache_; }
+
+ private:
+  std::unique_ptr<MlrKvCache> cache_;
+  int64_t batch_, head_dim_v_;
+};
 
 }  // namespace strata::torch

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The training commands end to end at the smoke size: train, a kill (SIGKILL mid-run) and --resume,
+# eval, generate, plot; and the clear errors of bad input. Usage: train_cli.sh STRATA SOURCE_DIR
+set -euo pipefail
+STRATA="$1"; SRC="$2"
+OUT=$(mktemp -d /tmp/strata_train_cli_XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+expect_error() {  # expect_error NEEDLE CMD...: exit status 1 and NEEDLE in stderr
+  local needle="$1"; shift
+  if "$@" >"$OUT/o.txt" 2>"$OUT/e.txt"; then fail "expected an error from: $*"; fi
+  grep -qF -- "$needle" "$OUT/e.txt" || { cat "$OUT/e.txt" >&2; fail "expected '$needle' in the error of: $*"; }
+}
+
+# A full smoke run, then the same run killed with SIGKILL while it trains and resumed.
+"$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set train.steps=12 --set train.threads=1 \
+  --out "$OUT/a" --no-progress >/dev/null
+"$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set train.steps=12 --set train.threads=1 \
+  --out "$OUT/b" --no-progress >/dev/null 2>&1 &
+PID=$!
+for _ in $(seq 1 200); do  # kill it once it has written its first checkpoint
+  [ -f "$OUT/b/checkpoints/latest.json" ] && break
+  sleep 0.05
+done
+kill -9 "$PID" 2>/dev/null || true
+wait "$PID" 2>/dev/null || true
+[ -f "$OUT/b/checkpoints/latest.json" ] || fail "no checkpoint before the kill"
+"$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set train.steps=12 --set train.threads=1 \
+  --out "$OUT/b" --resume --no-progress >/dev/null
+cut -d, -f1-6 "$OUT/a/train.csv" > "$OUT/a.csv"
+cut -d, -f1-6 "$OUT/b/train.csv" > "$OUT/b.csv"
+cmp -s "$OUT/a.csv" "$OUT/b.csv" || { diff "$OUT/a.csv" "$OUT/b.csv" >&2; fail "resumed losses differ"; }
+
+"$STRATA" eval "$OUT/a" --json "$OUT/eval.json" >/dev/null
+grep -q '"val_bpc"' "$OUT/eval.json" || fail "eval wrote no val_bpc"
+"$STRATA" generate "$OUT/a" --prompt "ROMEO:" --tokens 20 --temperature 0.8 --top-k 10 --seed 1 >"$OUT/gen.txt" 2>"$OUT/gen.err"
+grep -q "^ROMEO:" "$OUT/gen.txt" || fail "generate did not echo the prompt"
+grep -q "tokens/s" "$OUT/gen.err" || fail "generate printed no tokens/s"
+if "${STRATA_PYTHON:-${STRATA_HOME:-$HOME/.cache/strata}/venv/bin/python}" -c 'import matplotlib' 2>/dev/null; then
+  "$STRATA" plot "$OUT/a" "$OUT/b" --out "$OUT/plot.png" >/dev/null
+  [ -s "$OUT/plot.png" ] || fail "plot wrote no PNG"
+fi
+
+# Bad input: clear errors naming what is wrong.
+expect_error "key 'train.stepz'" "$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set train.stepz=3 --out "$OUT/c"
+expect_error "already has a checkpoint" "$STRATA" train "$SRC/configs/charlm.toml" --size smoke --out "$OUT/a" --no-progress
+expect_error "size 'huge'" "$STRATA" train "$SRC/configs/charlm.toml" --size huge --out "$OUT/c"
+expect_error "attention spec" "$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set model.attention=flash --out "$OUT/d" --no-progress
+expect_error "no such file or folder" "$STRATA" eval "$OUT/nothing"
+mkdir -p "$OUT/empty"
+expect_error "no checkpoint" "$STRATA" eval "$OUT/empty"
+echo "train_cli: ok"
