@@ -22,6 +22,18 @@ namespace {
 // Evaluation prompts / windows come from this seed offset, never from training's (seed, step).
 constexpr uint64_t kEvalSeedOffset = 0x9E3779B97F4A7C15ull;
 
+// Builds a model, prefixing its errors with the config keys that made it (the model's own message
+// names the attention spec and its key, e.g. key 'ranks').
+template <typename Build>
+auto build_model(const TrainConfig& c, Build&& build) {
+  try {
+    return build();
+  } catch (const Error& e) {
+    throw Error("config: key 'model.attention' = \"" + c.model.attention + "\" (width " + std::to_string(c.model.width) +
+                ", heads " + std::to_string(c.model.heads) + "): " + e.what());
+  }
+}
+
 void init_parameters(::torch::nn::Module& m, int64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(uint64_t(seed));
   strata::torch::mup_init_(m, gen);
@@ -45,7 +57,7 @@ class CharLmTask final : public Task {
     d.qk_layernorm = c.model.qk_layernorm;
     d.dropout = c.model.dropout;
     d.attention = c.model.attention;
-    model_ = Decoder(d);
+    model_ = build_model(c, [&] { return Decoder(d); });
     init_parameters(*model_, c.seed);
     STRATA_CHECK(int64_t(corpus_.val.size()) > c.data.context, "config: key 'data.context': ", c.data.context,
                  " is longer than the validation split of '", c.data.corpus, "' (", corpus_.val.size(), " characters)");
@@ -111,7 +123,7 @@ class IcrTask final : public Task {
     d.qk_layernorm = c.model.qk_layernorm;
     d.dropout = c.model.dropout;
     d.attention = c.model.attention;
-    model_ = Decoder(d);
+    model_ = build_model(c, [&] { return Decoder(d); });
     init_parameters(*model_, c.seed);
   }
   ::torch::nn::Module& model() override { return *model_; }
@@ -177,7 +189,7 @@ class EttTask final : public Task {
     f.revin = c.model.revin;
     f.dropout = c.model.dropout;
     f.attention = c.model.attention;
-    model_ = Forecaster(f);
+    model_ = build_model(c, [&] { return Forecaster(f); });
     init_parameters(*model_, c.seed);
   }
   ::torch::nn::Module& model() override { return *model_; }

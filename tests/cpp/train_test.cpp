@@ -314,6 +314,18 @@ TEST(Trainer, NeverOverwritesAndRefusesAnotherConfig) {
   expect_error([&] { train(c, nothing); }, {fresh.path(), "no checkpoint"});
 }
 
+TEST(Trainer, BadConfigsNameTheKey) {
+  const auto smoke = [](std::vector<std::string> sets) {
+    sets.push_back("train.threads=1");
+    return load_train_config(config_path("charlm.toml"), "smoke", sets);
+  };
+  // Ranks not summing to the head dim (32 / 2 = 16).
+  expect_error([&] { make_task(smoke({"model.attention=mlr:ranks=8|4"})); },
+               {"key 'model.attention'", "mlr:ranks=8|4", "key 'ranks'", "16"});
+  expect_error([&] { make_task(smoke({"model.attention=flash"})); }, {"key 'model.attention'", "flash"});
+  expect_error([&] { make_task(smoke({"data.corpus=/nonexistent/corpus.txt"})); }, {"/nonexistent/corpus.txt"});
+}
+
 TEST(Trainer, LearningRateSchedule) {
   TrainLoopConfig t;
   t.steps = 11;
