@@ -63,6 +63,10 @@ inline VF vneginf_to_zero(VF x) {
                              _mm512_setzero_ps())};
 }
 // s where key j is allowed for the lane's query ((lo <= j <= hi) or j <= ghi), else -inf.
+// Non-temporal store of a vector to a 64-byte-aligned p (one whole cache line: written without
+// reading it first); vstream_fence orders the calling thread's streamed stores before its later ones.
+inline void vstream(float* p, VF a) { _mm512_stream_ps(p, a.v); }
+inline void vstream_fence() { _mm_sfence(); }
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   const __m512 jv = _mm512_set1_ps(j);
   const __mmask16 win = _mm512_cmp_ps_mask(lo.v, jv, _CMP_LE_OQ) & _mm512_cmp_ps_mask(jv, hi.v, _CMP_LE_OQ);
@@ -118,6 +122,8 @@ inline VF vraise(VF a, VF b, float slack) {
 inline VF vneginf_to_zero(VF x) {
   return {_mm256_blendv_ps(x.v, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))};
 }
+inline void vstream(float* p, VF a) { _mm256_stream_ps(p, a.v); }  // p 32-byte aligned
+inline void vstream_fence() { _mm_sfence(); }
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   const __m256 jv = _mm256_set1_ps(j);
   const __m256 win = _mm256_and_ps(_mm256_cmp_ps(lo.v, jv, _CMP_LE_OQ), _mm256_cmp_ps(jv, hi.v, _CMP_LE_OQ));
@@ -143,6 +149,8 @@ inline float vreduce_add(VF a) { return a.v; }
 inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
 inline VF vraise(VF a, VF b, float slack) { return {b.v > a.v + slack ? b.v : a.v}; }
 inline VF vneginf_to_zero(VF x) { return {x.v == -INFINITY ? 0.f : x.v}; }
+inline void vstream(float* p, VF a) { *p = a.v; }
+inline void vstream_fence() {}
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   return {((lo.v <= j && j <= hi.v) || j <= ghi.v) ? s.v : -INFINITY};
 }

@@ -156,6 +156,10 @@ std::vector<SpecCase> sweep_specs() {
       {"monarch_36_6", monarch_spec(36, 6)},
       {"monarch_40_8", monarch_spec(40, 8)},
       {"kronecker_3x5_4x2", kronecker_spec(3, 5, 4, 2)},
+      // token-major (cpu::TokenLevelParams; btt_64_s1 above is one too): 16 | chunks and blocks
+      {"monarch_256_16", monarch_spec(256, 16)},
+      {"kronecker_3x2_16x16", kronecker_spec(3, 2, 16, 16)},  // shared stages, K = 2, a = 3
+      {"btt_heads2_a3b16c5d16", btt_spec({3, 16, 5, 16}, 1, 2)},  // lane groups inside heads
       {"general", general_spec()},
   };
 }
