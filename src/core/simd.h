@@ -170,8 +170,10 @@ constexpr int kMR = 4, kNV = 4;
 // vtranspose below is the case of rows lds apart.
 // (AVX-512: the maskz forms with a full mask are the same instructions; the plain forms pass
 // _mm512_undefined_ps(), which GCC 12 flags as uninitialised under -Werror.)
+// STREAM: the W destination rows are whole aligned vectors written once (e.g. the user's output
+// rows), stored non-temporally (see vstream; vstream_fence after the last).
 #if STRATA_ISA_LEVEL == 2
-template <class Row>
+template <bool STREAM = false, class Row>
 inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(row(i));
@@ -194,10 +196,16 @@ inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
     r[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0x88);
     r[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0xdd);
   }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+  for (int i = 0; i < 16; ++i) {
+    if constexpr (STREAM) {
+      _mm512_stream_ps(dst + i * ldd, r[i]);
+    } else {
+      _mm512_storeu_ps(dst + i * ldd, r[i]);
+    }
+  }
 }
 #elif STRATA_ISA_LEVEL == 1
-template <class Row>
+template <bool STREAM = false, class Row>
 inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
   __m256 r[8], t[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(row(i));
@@ -215,10 +223,16 @@ inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
     t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
     t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
   }
-  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
+  for (int i = 0; i < 8; ++i) {
+    if constexpr (STREAM) {
+      _mm256_stream_ps(dst + i * ldd, t[i]);
+    } else {
+      _mm256_storeu_ps(dst + i * ldd, t[i]);
+    }
+  }
 }
 #else
-template <class Row>
+template <bool STREAM = false, class Row>
 inline void vtranspose_rows(Row row, float* dst, int64_t ldd) { dst[0] = row(0)[0]; (void)ldd; }
 #endif
 inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {
