@@ -63,6 +63,10 @@ inline VF vneginf_to_zero(VF x) {
                              _mm512_setzero_ps())};
 }
 // s where key j is allowed for the lane's query ((lo <= j <= hi) or j <= ghi), else -inf.
+// Non-temporal store of a vector to a 64-byte-aligned p (one whole cache line: written without
+// reading it first); vstream_fence orders the calling thread's streamed stores before its later ones.
+inline void vstream(float* p, VF a) { _mm512_stream_ps(p, a.v); }
+inline void vstream_fence() { _mm_sfence(); }
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   const __m512 jv = _mm512_set1_ps(j);
   const __mmask16 win = _mm512_cmp_ps_mask(lo.v, jv, _CMP_LE_OQ) & _mm512_cmp_ps_mask(jv, hi.v, _CMP_LE_OQ);
@@ -118,6 +122,8 @@ inline VF vraise(VF a, VF b, float slack) {
 inline VF vneginf_to_zero(VF x) {
   return {_mm256_blendv_ps(x.v, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))};
 }
+inline void vstream(float* p, VF a) { _mm256_stream_ps(p, a.v); }  // p 32-byte aligned
+inline void vstream_fence() { _mm_sfence(); }
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   const __m256 jv = _mm256_set1_ps(j);
   const __m256 win = _mm256_and_ps(_mm256_cmp_ps(lo.v, jv, _CMP_LE_OQ), _mm256_cmp_ps(jv, hi.v, _CMP_LE_OQ));
@@ -143,6 +149,8 @@ inline float vreduce_add(VF a) { return a.v; }
 inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
 inline VF vraise(VF a, VF b, float slack) { return {b.v > a.v + slack ? b.v : a.v}; }
 inline VF vneginf_to_zero(VF x) { return {x.v == -INFINITY ? 0.f : x.v}; }
+inline void vstream(float* p, VF a) { *p = a.v; }
+inline void vstream_fence() {}
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
   return {((lo.v <= j && j <= hi.v) || j <= ghi.v) ? s.v : -INFINITY};
 }
@@ -162,8 +170,10 @@ constexpr int kMR = 4, kNV = 4;
 // vtranspose below is the case of rows lds apart.
 // (AVX-512: the maskz forms with a full mask are the same instructions; the plain forms pass
 // _mm512_undefined_ps(), which GCC 12 flags as uninitialised under -Werror.)
+// STREAM: the W destination rows are whole aligned vectors written once (e.g. the user's output
+// rows), stored non-temporally (see vstream; vstream_fence after the last).
 #if STRATA_ISA_LEVEL == 2
-template <class Row>
+template <bool STREAM = false, class Row>
 inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(row(i));
@@ -186,10 +196,16 @@ inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
     r[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0x88);
     r[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0xdd);
   }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+  for (int i = 0; i < 16; ++i) {
+    if constexpr (STREAM) {
+      _mm512_stream_ps(dst + i * ldd, r[i]);
+    } else {
+      _mm512_storeu_ps(dst + i * ldd, r[i]);
+    }
+  }
 }
 #elif STRATA_ISA_LEVEL == 1
-template <class Row>
+template <bool STREAM = false, class Row>
 inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
   __m256 r[8], t[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(row(i));
@@ -207,10 +223,16 @@ inline void vtranspose_rows(Row row, float* dst, int64_t ldd) {
     t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
     t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
   }
-  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
+  for (int i = 0; i < 8; ++i) {
+    if constexpr (STREAM) {
+      _mm256_stream_ps(dst + i * ldd, t[i]);
+    } else {
+      _mm256_storeu_ps(dst + i * ldd, t[i]);
+    }
+  }
 }
 #else
-template <class Row>
+template <bool STREAM = false, class Row>
 inline void vtranspose_rows(Row row, float* dst, int64_t ldd) { dst[0] = row(0)[0]; (void)ldd; }
 #endif
 inline void vtranspose(const float* src, int64_t lds, float* dst, int64_t ldd) {

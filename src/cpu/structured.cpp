@@ -378,6 +378,11 @@ struct Plan {
   std::vector<bool> product;                // per level: multiplied out
   int64_t max_width = 0;
   int64_t z_tile = 0;                       // floats of one tile's saved right-stage outputs
+  // The token-major forward (cpu::TokenLevelParams), when the spec runs that way: its lane tables
+  // and the left weights in the lanes' layout.
+  bool token = false;
+  std::vector<int64_t> zpos, ypos;
+  std::vector<float> lw;
 };
 
 // The widest activation the kernel holds and each level's right-stage output width (0: identity),
@@ -446,7 +451,60 @@ std::vector<int64_t> strided_chunks(const StructuredLevel& lv, int64_t* stride) 
   return first;
 }
 
-Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factors) {
+// Whether the spec runs token-major (cpu::TokenLevelParams: one level, alpha 1, the right stage p
+// equal chunks ni -> no, the left stage q equal chunks K -> a, ni, no and q multiples of 16, and
+// permutations that put 16 consecutive left blocks' same input (output) at 16 consecutive inner
+// (out) positions); if so, the lane tables: zpos (q/16 x K) and ypos (q/16 x a).
+bool token_major(const StructuredSpec& spec, std::vector<int64_t>* zpos, std::vector<int64_t>* ypos) {
+  constexpr int64_t L = cpu::kLanes;
+  if (spec.levels.size() != 1) return false;
+  const StructuredLevel& lv = spec.levels[0];
+  if (lv.alpha != 1.0 || lv.right.kind == StageKind::identity || lv.left.kind == StageKind::identity ||
+      multiplied_out(spec, lv))
+    return false;
+  const int64_t p = lv.right.blocks, q = lv.left.blocks;
+  if (spec.in % p || lv.inner % p || lv.inner % q || spec.out % q) return false;
+  if ((spec.in / p) % L || (lv.inner / p) % L || q % L) return false;
+  const int64_t K = lv.inner / q, a = spec.out / q;
+  // left block j's input kk is inner position zp(j, kk); its output o goes to out position yp(j, o)
+  std::vector<int64_t> inv_out(size_t(spec.out));
+  for (int64_t o = 0; o < spec.out; ++o) inv_out[size_t(lv.out_perm.empty() ? o : lv.out_perm[size_t(o)])] = o;
+  const auto zp = [&](int64_t j, int64_t kk) {
+    return lv.inner_perm.empty() ? j * K + kk : lv.inner_perm[size_t(j * K + kk)];
+  };
+  const auto yp = [&](int64_t j, int64_t o) { return inv_out[size_t(j * a + o)]; };
+  zpos->clear();
+  ypos->clear();
+  for (int64_t g = 0; g < q / L; ++g) {
+    for (int64_t kk = 0; kk < K; ++kk) {
+      for (int64_t l = 1; l < L; ++l)
+        if (zp(g * L + l, kk) != zp(g * L, kk) + l) return false;
+      zpos->push_back(zp(g * L, kk));
+    }
+    for (int64_t o = 0; o < a; ++o) {
+      for (int64_t l = 1; l < L; ++l)
+        if (yp(g * L + l, o) != yp(g * L, o) + l) return false;
+      ypos->push_back(yp(g * L, o));
+    }
+  }
+  return true;
+}
+
+// The token-major forward's left weights in the lanes' layout, from the plan's fp32 L (q or 1, a, K).
+void token_weights(const StructuredSpec& spec, Plan& plan) {
+  constexpr int64_t L = cpu::kLanes;
+  const PlanStage& ps_l = plan.stages[1];
+  const int64_t q = spec.levels[0].left.blocks, a = ps_l.rows, K = ps_l.cols;
+  const float* lw = plan.weights.data() + ps_l.w_off;
+  plan.lw.resize(size_t(q * a * K));
+  for (int64_t j = 0; j < q; ++j)
+    for (int64_t o = 0; o < a; ++o)
+      for (int64_t kk = 0; kk < K; ++kk)
+        plan.lw[size_t((((j / L) * K + kk) * a + o) * L + j % L)] = lw[((ps_l.nb == 1 ? 0 : j) * a + o) * K + kk];
+}
+
+// token: whether the call may run token-major (a forward that does not save).
+Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factors, bool token) {
   Plan plan;
   plan.in_rows.reserve(spec.levels.size());
   plan.product = structured_plan(spec);
@@ -531,6 +589,8 @@ Plan make_plan(const StructuredSpec& spec, const std::vector<TensorView>& factor
     }
     plan.levels.push_back(lp);
   }
+  plan.token = token && token_major(spec, &plan.zpos, &plan.ypos);
+  if (plan.token) token_weights(spec, plan);
   return plan;
 }
 
@@ -547,6 +607,24 @@ StructuredParams make_params(const StructuredSpec& spec, const TensorView& x, co
   p.num_levels = int(plan.levels.size());
   p.levels = plan.levels.data();
   p.z_tile = plan.z_tile;
+  if (plan.token) {
+    const StructuredLevel& lv = spec.levels[0];
+    const PlanStage &ps_r = plan.stages[0], &ps_l = plan.stages[1];
+    cpu::TokenLevelParams& tk = p.tok;
+    tk.on = true;
+    tk.p = lv.right.blocks;
+    tk.ni = ps_r.rows;
+    tk.no = ps_r.cols;
+    tk.r = plan.weights.data() + ps_r.w_off;
+    tk.r_bs = ps_r.nb == 1 ? 0 : tk.ni * tk.no;
+    tk.q = lv.left.blocks;
+    tk.a = ps_l.rows;
+    tk.K = ps_l.cols;
+    tk.zpos = plan.zpos.data();
+    tk.ypos = plan.ypos.data();
+    tk.lines = std::all_of(plan.ypos.begin(), plan.ypos.end(), [](int64_t v) { return v % cpu::kLanes == 0; });
+    tk.lw = plan.lw.data();
+  }
   return p;
 }
 
@@ -591,7 +669,7 @@ void structured_forward(const StructuredSpec& spec, const TensorView& x, const s
   check_factors(where, "factors", spec, factors, nullptr);
   if (given(saved)) check_saved(where, saved, spec, x.shape[0]);
   if (x.shape[0] == 0) return;
-  const Plan plan = make_plan(spec, factors);
+  const Plan plan = make_plan(spec, factors, !given(saved));
   StructuredParams p = make_params(spec, x, plan);
   if (given(saved)) p.z_save = static_cast<float*>(saved.data);
   p.y = y.data;
@@ -614,7 +692,7 @@ void structured_backward(const StructuredSpec& spec, const TensorView& x, const 
   if (want_dw) check_factors(where, "dfactors", spec, dfactors, &factors[0].dtype);
   if (given(saved)) check_saved(where, saved, spec, x.shape[0]);
 
-  Plan plan = make_plan(spec, factors);
+  Plan plan = make_plan(spec, factors, false);
   StructuredParams p = make_params(spec, x, plan);
   if (given(saved)) p.z_saved = static_cast<const float*>(saved.data);
   p.dy = dy.data;

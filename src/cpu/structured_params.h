@@ -38,6 +38,27 @@ struct StructuredLevelParams {
   float alpha = 1.f;
 };
 
+// The forward of a one-level operator run TOKEN-major (src/cpu/kernels/structured.inc, "Token-major
+// forward"): the rows stay as they come, the right stage is p GEMMs over the tile's tokens (M =
+// tokens), and the left stage's q small GEMMs are batched across the vector lanes (lane l of group g
+// is left block 16 g + l). Set by src/cpu/structured.cpp for a single level (alpha 1) whose right
+// stage is p equal chunks ni -> no (multiples of 16), whose left stage is q equal chunks K -> a (q a
+// multiple of 16), and whose permutations put 16 consecutive left blocks' same input (output) at 16
+// consecutive inner (out) positions: BTT with s = 1 (b a multiple of 16), Monarch and Kronecker
+// at widths with 16 | sqrt(D).
+constexpr int64_t kLanes = 16;  // lanes per left-stage group (the widest vector)
+struct TokenLevelParams {
+  bool on = false;
+  int64_t p = 0, ni = 0, no = 0;    // right stage: chunk k maps x[:, k ni + i] to z[:, k no + o]
+  const float* r = nullptr;         // R_k (ni x no, row-major) at r + k * r_bs (r_bs 0: shared)
+  int64_t r_bs = 0;
+  int64_t q = 0, K = 0, a = 0;      // left stage: q blocks, K inputs -> a outputs each
+  const int64_t* zpos = nullptr;    // (q / 16) x K: inner position of group g's input kk, lane 0
+  const int64_t* ypos = nullptr;    // (q / 16) x a: out position of group g's output o, lane 0
+  bool lines = false;               // every ypos a multiple of 16 (a group's outputs: whole cache lines)
+  const float* lw = nullptr;        // (q / 16) x K x a x 16: L_{16g+l}[o, kk] at ((g K + kk) a + o) 16 + l
+};
+
 struct StructuredParams {
   DType dtype = DType::f32;  // of x, y, dy, dx
   int64_t rows = 0, in = 0, out = 0, max_width = 0;  // max_width: max(in, out, every inner)
@@ -61,6 +82,7 @@ struct StructuredParams {
   float* z_save = nullptr;
   const float* z_saved = nullptr;
   int64_t z_tile = 0;
+  TokenLevelParams tok;  // when tok.on: a forward that does not save runs token-major
 };
 
 // Tokens per row tile: the GEMMs' N. 64 (four AVX-512 vectors: the micro-kernel's widest tile)

@@ -28,11 +28,13 @@ using test::expect_error;
 using test::rel_err;
 
 // An owned n-D tensor (2-D or 3-D here), row-major with `gap` extra elements after every
-// innermost row (a strided view) and the innermost dim strided by `dim_stride`.
+// innermost row (a strided view) and the innermost dim strided by `dim_stride`, starting 64-byte
+// aligned (as torch's tensors do: the kernels store aligned fp32 rows non-temporally) or
+// `misalign` elements after that.
 struct Owned {
   std::vector<uint8_t> buf;
   TensorView view;
-  Owned(std::vector<int64_t> shape, DType t, int64_t gap = 0, int64_t dim_stride = 1) {
+  Owned(std::vector<int64_t> shape, DType t, int64_t gap = 0, int64_t dim_stride = 1, int64_t misalign = 0) {
     view.dtype = t;
     view.ndim = int(shape.size());
     int64_t s = 1;
@@ -41,8 +43,9 @@ struct Owned {
       view.stride[k] = k == view.ndim - 1 ? dim_stride : s;
       s = k == view.ndim - 1 ? shape[size_t(k)] * dim_stride + gap : s * shape[size_t(k)];
     }
-    buf.assign(size_t(std::max<int64_t>(s, 1) * dtype_size(t)), 0);
-    view.data = buf.data();
+    const int64_t skip = misalign * dtype_size(t);
+    buf.assign(size_t(std::max<int64_t>(s, 1) * dtype_size(t) + 64 + skip), 0);
+    view.data = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64 + skip;
   }
   void fill_random(std::mt19937& rng, double scale = 1) {
     std::uniform_real_distribution<double> u(-scale, scale);
@@ -156,6 +159,10 @@ std::vector<SpecCase> sweep_specs() {
       {"monarch_36_6", monarch_spec(36, 6)},
       {"monarch_40_8", monarch_spec(40, 8)},
       {"kronecker_3x5_4x2", kronecker_spec(3, 5, 4, 2)},
+      // token-major (cpu::TokenLevelParams; btt_64_s1 above is one too): 16 | chunks and blocks
+      {"monarch_256_16", monarch_spec(256, 16)},
+      {"kronecker_3x2_16x16", kronecker_spec(3, 2, 16, 16)},  // shared stages, K = 2, a = 3
+      {"btt_heads2_a3b16c5d16", btt_spec({3, 16, 5, 16}, 1, 2)},  // lane groups inside heads
       {"general", general_spec()},
   };
 }
@@ -163,6 +170,7 @@ std::vector<SpecCase> sweep_specs() {
 struct StorageCase {
   DType dtype;
   int64_t gap, dim_stride;
+  int64_t misalign = 0;  // elements past a 64-byte boundary (x, y, dy, dx)
 };
 
 // Tolerances (normwise, relative to the largest reference entry). fp32: every output is a chain
@@ -177,8 +185,9 @@ double tolerance(DType t) { return t == DType::f32 ? 2e-5 : 8e-3; }
 void check_case(const SpecCase& c, int64_t rows, const StorageCase& st, std::mt19937& rng) {
   const StructuredSpec& spec = c.spec;
   SCOPED_TRACE(detail::cat(c.name, " rows=", rows, " ", dtype_name(st.dtype), " gap=", st.gap,
-                           " dim_stride=", st.dim_stride));
-  Owned x({rows, spec.in}, st.dtype, st.gap, st.dim_stride), dy({rows, spec.out}, st.dtype, st.gap);
+                           " dim_stride=", st.dim_stride, " misalign=", st.misalign));
+  Owned x({rows, spec.in}, st.dtype, st.gap, st.dim_stride, st.misalign),
+      dy({rows, spec.out}, st.dtype, st.gap, 1, st.misalign);
   x.fill_random(rng);
   dy.fill_random(rng);
   const std::vector<Owned> f = make_factors(spec, st.dtype, rng, st.gap);
@@ -192,7 +201,8 @@ void check_case(const SpecCase& c, int64_t rows, const StorageCase& st, std::mt1
   for (Isa isa : test::isas_to_test()) {
     set_isa(isa);
     SCOPED_TRACE(isa_name(isa));
-    Owned y({rows, spec.out}, st.dtype, st.gap, st.dim_stride), dx({rows, spec.in}, st.dtype, st.gap);
+    Owned y({rows, spec.out}, st.dtype, st.gap, st.dim_stride, st.misalign),
+        dx({rows, spec.in}, st.dtype, st.gap, 1, st.misalign);
     structured_forward(spec, x.view, fv, y.view);
     EXPECT_LT(rel_err(y.values(), y_ref), tolerance(st.dtype)) << "y";
     std::vector<Owned> df;
@@ -219,8 +229,9 @@ void check_case(const SpecCase& c, int64_t rows, const StorageCase& st, std::mt1
 
 TEST(Structured, KernelsMatchTheReference) {
   std::mt19937 rng(7);
-  const std::vector<StorageCase> storages = {{DType::f32, 0, 1}, {DType::f32, 3, 2}, {DType::bf16, 0, 1},
-                                             {DType::bf16, 5, 1}};
+  // fp32 rows aligned (non-temporal stores) and one element off (plain stores), strided, bf16
+  const std::vector<StorageCase> storages = {{DType::f32, 0, 1}, {DType::f32, 0, 1, 1}, {DType::f32, 3, 2},
+                                             {DType::bf16, 0, 1}, {DType::bf16, 5, 1}};
   for (const SpecCase& c : sweep_specs())
     for (int64_t rows : {1, 7, 97, 130})
       for (const StorageCase& st : storages) check_case(c, rows, st, rng);
