@@ -9,6 +9,7 @@ pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 
 add_library(strata_train STATIC
   ${PROJECT_SOURCE_DIR}/models/checkpoint.cpp
+  ${PROJECT_SOURCE_DIR}/models/experiment.cpp
   ${PROJECT_SOURCE_DIR}/models/generate.cpp
   ${PROJECT_SOURCE_DIR}/models/train_config.cpp
   ${PROJECT_SOURCE_DIR}/models/tasks.cpp
