@@ -252,8 +252,18 @@ Experiment load_experiment(const std::string& path) {
       if (const auto* m = t.get("map")) {
         if (!m->is_table()) bad(path, where + "map", "expected a table of \"set\" = \"replacement\" strings");
         for (const auto& [from, to] : *m->as_table()) {
-          if (!to.is_string()) bad(path, where + "map." + std::string(from.str()), "expected a string (the replacement set)");
-          s.map[std::string(from.str())] = to.as_string()->get();
+          const std::string key = where + "map.\"" + std::string(from.str()) + "\"";
+          auto& into = s.map[std::string(from.str())];
+          if (to.is_string()) {
+            into.push_back(to.as_string()->get());
+          } else if (to.is_array()) {
+            for (const auto& v : *to.as_array()) {
+              if (!v.is_string()) bad(path, key, "expected a string or an array of strings (the replacement sets)");
+              into.push_back(v.as_string()->get());
+            }
+          } else {
+            bad(path, key, "expected a string or an array of strings (the replacement sets)");
+          }
         }
       }
       e.sizes[std::string(name.str())] = s;
@@ -415,7 +425,8 @@ ExperimentResult run_experiment(const Experiment& e, const ExperimentOptions& op
     std::vector<std::string> sets;
     for (const auto& s : r.sets) {
       const auto m = size.map.find(s);
-      sets.push_back(m == size.map.end() ? s : m->second);
+      if (m == size.map.end()) sets.push_back(s);
+      else sets.insert(sets.end(), m->second.begin(), m->second.end());
     }
     sets.insert(sets.end(), size.sets.begin(), size.sets.end());
     const TrainConfig c = load_train_config(r.config, opt.size, sets);

@@ -8,7 +8,8 @@
 //   set = ["model.layers=1", ...]         # and eval_batch (sequences per batch of the final
 //   eval_batch = 256                      # evaluations; 0 = the config's train.batch), and map:
 //   map = {"model.width=64" = "model.width=256"}   # a run's set equal to a key is replaced by its
-//                                         # value at this size (the paper's widths for the cpu ones)
+//                                         # value at this size (the paper's widths for the cpu ones);
+//                                         # a value may be an array: several sets for one
 //   [[run]]
 //   label = "mlr8 D=128"                  # unique; the run folder is run_folder_name(label)
 //   method = "mlr8"                       # the line (icr, charlm) or table row (etth1) it belongs to
@@ -57,7 +58,7 @@ struct ExperimentRun {
 struct ExperimentSize {
   std::vector<std::string> sets;   // applied after each run's own
   int64_t eval_batch = 0;          // 0 = the config's train.batch
-  std::map<std::string, std::string> map;  // a run's set -> its replacement at this size
+  std::map<std::string, std::vector<std::string>> map;  // a run's set -> its replacement(s) at this size
 };
 
 struct Experiment {
