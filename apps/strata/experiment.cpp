@@ -58,7 +58,7 @@ CLI::App* add_experiment(CLI::App& app, ExperimentOptions& o) {
   cmd->add_option("--size", o.size, "smoke | cpu | paper (applied to every run)");
   cmd->add_option("--out", o.out, "the results folder (default results/NAME, results/NAME-SIZE for smoke / paper)");
   cmd->add_option("--only", o.only, "run only these labels (see --list)")->allow_extra_args(false);
-  cmd->add_flag("--list", o.list, "print the runs and their --set overrides, run nothing");
+  cmd->add_flag("--list", o.list, "print the runs, their --set overrides and the size's, run nothing");
   cmd->add_flag("--no-plot", o.no_plot, "skip the plot / table step");
   cmd->add_flag("--no-progress", o.no_progress, "no training progress lines");
   cmd->add_option("--stop-after", o.stop_after, "stop the first run after this many steps, as if killed (tests)")
@@ -75,6 +75,10 @@ int run_experiment(const ExperimentOptions& o) {
       std::string sets;
       for (const auto& s : r.sets) sets += " --set '" + s + "'";
       fmt::print("{:<28} {:<20} {}{}\n", r.label, r.method, r.config, sets);
+    }
+    if (const auto it = e.sizes.find(o.size); it != e.sizes.end()) {
+      fmt::print("size '{}': then --set {}\n", o.size, it->second.sets.empty() ? "(none)" : fmt::format("'{}'", fmt::join(it->second.sets, "' '")));
+      for (const auto& [from, to] : it->second.map) fmt::print("size '{}': '{}' -> '{}'\n", o.size, from, fmt::join(to, "' '"));
     }
     if (!e.repeat_seeds.empty())
       fmt::print("then the best method by {} (lowest mean over its runs) again with seeds {}\n", e.repeat_metric,
