@@ -132,4 +132,13 @@ struct PlotRunsOptions {  // train.cpp
 CLI::App* add_plot_runs(CLI::App& app, PlotRunsOptions& o);
 int run_plot_runs(const PlotRunsOptions& o);
 
+struct ExperimentOptions {  // experiment.cpp
+  std::string name, size = "cpu", out;
+  std::vector<std::string> only;  // labels
+  bool list = false, no_plot = false, no_progress = false;
+  int64_t stop_after = -1;
+};
+CLI::App* add_experiment(CLI::App& app, ExperimentOptions& o);
+int run_experiment(const ExperimentOptions& o);
+
 }  // namespace strata::app

@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   CLI::App* eval = add_eval(app, eval_opt);
   GenerateOptions generate_opt;
   CLI::App* generate = add_generate(app, generate_opt);
+  ExperimentOptions experiment_opt;
+  CLI::App* experiment = add_experiment(app, experiment_opt);
   PlotRunsOptions plot_opt;
   CLI::App* plot = add_plot_runs(app, plot_opt);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks against peers (table + JSON)");
@@ -101,6 +103,7 @@ int main(int argc, char** argv) {
     if (*eval) return run_eval(eval_opt);
     if (*generate) return run_generate(generate_opt);
     if (*plot) return run_plot_runs(plot_opt);
+    if (*experiment) return run_experiment(experiment_opt);
     if (*bench_attn) return run_bench_attention(bench_attn_opt);
     if (*bench_mlr) return run_bench_mlr(bench_mlr_opt);
     if (*bench_monarch) return run_bench_monarch(bench_monarch_opt);
