@@ -91,18 +91,8 @@ DecoderImpl::DecoderImpl(DecoderConfig cfg) : config(std::move(cfg)) {
                    c.heads);
   STRATA_CHECK_ARG(c.context >= 1, where, "context", ">= 1", c.context);
   STRATA_CHECK_ARG(c.dropout >= 0 && c.dropout < 1, where, "dropout", "in [0, 1)", c.dropout);
-  try {
-    layer_specs = parse_attention_pattern(c.attention, c.layers);
-    for (size_t l = 0; l < layer_specs.size(); ++l) {
-      try {
-        validate(layer_specs[l], AttentionGeometry{c.width, c.heads, c.context, true, c.bias, c.qk_layernorm});
-      } catch (const Error& e) {
-        throw Error(cat("layer ", l, ": ", e.what()));
-      }
-    }
-  } catch (const Error& e) {
-    throw Error(cat(where, ": key 'attention': ", e.what()));
-  }
+  layer_specs = model_layer_specs(c.attention, c.layers,
+                                  AttentionGeometry{c.width, c.heads, c.context, true, c.bias, c.qk_layernorm}, where);
   reset();
   strata::torch::mup_init_(*this);
 }

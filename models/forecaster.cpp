@@ -38,18 +38,7 @@ ForecasterImpl::ForecasterImpl(ForecasterConfig cfg) : config(std::move(cfg)) {
     STRATA_CHECK_ARG(c.patch_len >= 1 && c.patch_len <= c.input_len + c.stride, where, "patch_len",
                      cat("1..input_len + stride = ", c.input_len + c.stride), c.patch_len);
   }
-  try {
-    layer_specs = parse_attention_pattern(c.attention, c.layers);
-    for (size_t l = 0; l < layer_specs.size(); ++l) {
-      try {
-        validate(layer_specs[l], encoder_geometry(c, tokens()));
-      } catch (const Error& e) {
-        throw Error(cat("layer ", l, ": ", e.what()));
-      }
-    }
-  } catch (const Error& e) {
-    throw Error(cat(where, ": key 'attention': ", e.what()));
-  }
+  layer_specs = model_layer_specs(c.attention, c.layers, encoder_geometry(c, tokens()), where);
   reset();
   strata::torch::mup_init_(*this);
 }

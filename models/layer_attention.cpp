@@ -245,6 +245,23 @@ std::vector<LayerAttentionSpec> parse_attention_pattern(const std::string& patte
   return out;
 }
 
+std::vector<LayerAttentionSpec> model_layer_specs(const std::string& pattern, int64_t num_layers,
+                                                  const AttentionGeometry& g, const char* where) {
+  try {
+    std::vector<LayerAttentionSpec> specs = parse_attention_pattern(pattern, num_layers);
+    for (size_t l = 0; l < specs.size(); ++l) {
+      try {
+        validate(specs[l], g);
+      } catch (const Error& e) {
+        throw Error(cat("layer ", l, ": ", e.what()));
+      }
+    }
+    return specs;
+  } catch (const Error& e) {
+    throw Error(cat(where, ": key 'attention': ", e.what()));
+  }
+}
+
 std::string pattern_to_string(const std::vector<LayerAttentionSpec>& specs) {
   // The shortest period n dividing the layer count that repeats.
   const size_t L = specs.size();

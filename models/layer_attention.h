@@ -125,6 +125,12 @@ struct AttentionGeometry {
 // the context, BTT's factorisation, bilinear MLR's blocks dividing D); the message names the key.
 void validate(const LayerAttentionSpec& spec, const AttentionGeometry& g);
 
+// The per-layer specs of a model's `attention` pattern, each validated against g; a model
+// constructor's one call. Throws strata::Error "<where>: key 'attention': layer <l>: ..." (or the
+// pattern's own error) naming the spec and key at fault.
+std::vector<LayerAttentionSpec> model_layer_specs(const std::string& pattern, int64_t num_layers,
+                                                  const AttentionGeometry& g, const char* where);
+
 // The context MLR's blocks come from: g.context in a causal model (a multiple of 2^(L-1), else
 // an error naming 'context'); in an encoder, which always sees its whole fixed-length input, the
 // context rounded up to a multiple of 2^(L-1) (e.g. 42 patches with 4 levels: 48).

@@ -34,6 +34,19 @@ auto build_model(const TrainConfig& c, Build&& build) {
   }
 }
 
+// The decoder fields every decoder task takes from [model] (the task sets vocab, read-in and context).
+DecoderConfig decoder_config(const TrainConfig& c) {
+  DecoderConfig d;
+  d.width = c.model.width;
+  d.layers = c.model.layers;
+  d.heads = c.model.heads;
+  d.bias = c.model.bias;
+  d.qk_layernorm = c.model.qk_layernorm;
+  d.dropout = c.model.dropout;
+  d.attention = c.model.attention;
+  return d;
+}
+
 void init_parameters(::torch::nn::Module& m, int64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(uint64_t(seed));
   strata::torch::mup_init_(m, gen);
@@ -47,16 +60,9 @@ int64_t eval_count(int64_t total, int64_t batch, int64_t max_batches) {
 class CharLmTask final : public Task {
  public:
   explicit CharLmTask(const TrainConfig& c) : c_(c), corpus_(data::load_char_corpus(c.data.corpus, c.data.val_fraction)) {
-    DecoderConfig d;
+    DecoderConfig d = decoder_config(c);
     d.vocab_size = data::CharCorpus::kVocab;
-    d.width = c.model.width;
-    d.layers = c.model.layers;
-    d.heads = c.model.heads;
     d.context = c.data.context;
-    d.bias = c.model.bias;
-    d.qk_layernorm = c.model.qk_layernorm;
-    d.dropout = c.model.dropout;
-    d.attention = c.model.attention;
     model_ = build_model(c, [&] { return Decoder(d); });
     init_parameters(*model_, c.seed);
     STRATA_CHECK(int64_t(corpus_.val.size()) > c.data.context, "config: key 'data.context': ", c.data.context,
@@ -111,18 +117,11 @@ class IcrTask final : public Task {
     opt_.start_points = c.data.start_points;
     opt_.interval = c.data.interval;
     opt_.updates = c.data.updates;
-    DecoderConfig d;
+    DecoderConfig d = decoder_config(c);
     d.vocab_size = 0;
     d.input_dim = c.data.dim;
     d.output_dim = 1;
-    d.width = c.model.width;
-    d.layers = c.model.layers;
-    d.heads = c.model.heads;
     d.context = data::icr_max_tokens(opt_);
-    d.bias = c.model.bias;
-    d.qk_layernorm = c.model.qk_layernorm;
-    d.dropout = c.model.dropout;
-    d.attention = c.model.attention;
     model_ = build_model(c, [&] { return Decoder(d); });
     init_parameters(*model_, c.seed);
   }
