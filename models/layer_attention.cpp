@@ -167,7 +167,9 @@ double logit_scale_value(LogitScale s, int64_t head_dim) {
 LayerAttentionSpec parse_layer_attention(const std::string& spec) {
   LayerAttentionSpec s;
   const size_t colon = spec.find(':');
-  const std::string kind = spec.substr(0, colon);
+  std::string kind = spec.substr(0, colon);
+  // Kinds in any case: the papers write "MHA|SWA|SWA"; keys keep theirs (monarch's T and B).
+  std::transform(kind.begin(), kind.end(), kind.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
   bool found = false;
   std::string kinds;
   for (Kind k : kAllKinds) {

@@ -134,6 +134,9 @@ TEST(LayerAttentionSpec, PatternsRepeatAndKeepListValues) {
   EXPECT_EQ(two[1].split_a, 32);
   EXPECT_EQ(two[1].split_b, 32);
   EXPECT_EQ(sm::parse_attention_pattern(sm::pattern_to_string(two), 4)[3], two[1]);
+  // Kinds in the papers' capitals ("MHA|SWA|SWA"); keys keep their case (monarch's T, B).
+  EXPECT_EQ(sm::parse_attention_pattern("MHA|SWA:w=64|Swa:w=64", 6), six);
+  EXPECT_EQ(sm::parse_layer_attention("MONARCH:T=2,B=8").monarch_steps, 2);
   expect_error([] { sm::parse_attention_pattern("mha|swa:w=4", 3); },
                {"attention pattern \"mha|swa:w=4\" has 2 specs", "layer count 3", "multiple of 2"});
 }
