@@ -7,13 +7,15 @@
 #include <random>
 
 #include "strata/error.h"
+#include "strata/torch/attention.h"
+#include "strata/torch/bilinear_attention.h"
 
 namespace strata::models {
 namespace {
 
 using Kind = LayerAttentionKind;
 
-bool recomputed(Kind k) { return k == Kind::btt || k == Kind::bmlr; }
+bool bilinear(Kind k) { return k == Kind::btt || k == Kind::bmlr; }
 
 }  // namespace
 
@@ -28,10 +30,18 @@ DecoderCache::DecoderCache(DecoderImpl& model, int64_t max_len) : m_(model), max
   for (size_t l = 0; l < model.layer_specs.size(); ++l) {
     SelfAttentionImpl& attn = *model.block(l).attn;
     Layer c;
-    if (attn.spec.kind == Kind::mlr) c.mlr = std::make_unique<strata::torch::MlrDecodeCache>(1, H, d, max_len, attn.mlr_args());
-    else if (recomputed(attn.spec.kind)) c.h = at::zeros({1, max_len, D}, opts);
-    else {
-      c.k = at::zeros({1, max_len, H, d}, opts);
+    if (attn.spec.kind == Kind::mlr) {
+      c.mlr = std::make_unique<strata::torch::MlrDecodeCache>(1, H, d, max_len, attn.mlr_args());
+    } else {
+      // Key width: d, or the bilinear layers' transformed keys (btt: D per head; bmlr: the
+      // concatenated level features), taken from one token's qkv.
+      int64_t dk = d;
+      if (bilinear(attn.spec.kind)) {
+        ::torch::NoGradGuard no_grad;
+        const at::Tensor probe = at::zeros({1, 1, D}, opts);
+        dk = (attn.spec.kind == Kind::btt ? attn.btt->qkv(probe) : attn.bmlr->qkv(probe)).k.size(3);
+      }
+      c.k = at::zeros({1, max_len, H, dk}, opts);
       c.v = at::zeros({1, max_len, H, d}, opts);
     }
     layers_.push_back(std::move(c));
@@ -61,9 +71,22 @@ at::Tensor DecoderCache::layer_forward(size_t l, const at::Tensor& x) {
   const int64_t n = x.size(1), p0 = len_, p1 = len_ + n, D = m_.config.width;
   const at::Tensor h = blk.ln1->forward(x);
   at::Tensor a;
-  if (recomputed(attn.spec.kind)) {  // no cache for the bilinear layers: the prefix again
-    c.h.slice(1, p0, p1).copy_(h);
-    a = attn.forward(c.h.slice(1, 0, p1)).slice(1, p0, p1);
+  if (bilinear(attn.spec.kind)) {  // their transformed keys and values cached
+    const auto qkv = attn.spec.kind == Kind::btt ? attn.btt->qkv(h) : attn.bmlr->qkv(h);
+    c.k.slice(1, p0, p1).copy_(qkv.k);
+    c.v.slice(1, p0, p1).copy_(qkv.v);
+    const at::Tensor K = c.k.slice(1, 0, p1), V = c.v.slice(1, 0, p1);
+    at::Tensor y;  // bottom-right aligned: rows p0..p1-1
+    if (attn.spec.kind == Kind::btt) {
+      y = strata::torch::shared_query_attention(qkv.q, K, V, 1.0, /*causal=*/true);
+    } else {
+      strata::torch::AttentionArgs args;
+      args.scale = 1.0;
+      args.causal = true;
+      y = strata::torch::attention(qkv.q, K, V, args);
+    }
+    auto& out_proj = attn.spec.kind == Kind::btt ? attn.btt->out_proj : attn.bmlr->out_proj;
+    a = out_proj->forward(y.reshape({1, n, D}));
   } else {
     auto [q, k, v] = attn.qkv(h);  // 1 x n x H x d each
     at::Tensor y;

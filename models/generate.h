@@ -4,8 +4,9 @@
 //                                   per level only the current block's r_l-dim key slices) + V
 //   mha, swa, longformer, gswa, sdpa  a key / value cache (the new token's q against the cached
 //                                   k, v; the kernels' bottom-right alignment gives the last row)
-//   btt, bmlr                       no cache yet: the layer is recomputed over the prefix at every
-//                                   token (exact, quadratic); its bytes are reported as 0 cache
+//   btt, bmlr                       their transformed keys (btt: D per head; bmlr: sum_l r_l p_l)
+//                                   and values (strata::torch::bilinear_*_qkv), the shared /
+//                                   per-head query of the new token against them
 // A prompt is fed in one call (each layer's full forward over it, filling the caches), then one
 // token at a time. The logits of the last position equal the full forward's over the same tokens to
 // fp32 round-off (tests/cpp/train_test.cpp: greedy output identical token for token).
@@ -40,8 +41,7 @@ class DecoderCache {
  private:
   struct Layer {
     std::unique_ptr<strata::torch::MlrDecodeCache> mlr;  // mlr layers
-    at::Tensor k, v;                                     // dense layers: 1 x max_len x H x d
-    at::Tensor h;                                        // btt / bmlr: the layer inputs so far, 1 x max_len x D
+    at::Tensor k, v;  // the other layers: 1 x max_len x H x key width (d; bilinear: see above), v d
   };
   at::Tensor layer_forward(size_t l, const at::Tensor& x);  // 1 x n x D -> 1 x n x D (the block)
 

@@ -168,8 +168,8 @@ at::Tensor shared_query_attention(const at::Tensor& q, const at::Tensor& k, cons
   return attention(q_heads, k, v, a);
 }
 
-at::Tensor bilinear_btt_attention(const at::Tensor& x, const BilinearBTTWeights& w, int64_t num_heads,
-                                  const std::string& logit_scale, bool causal, bool rms_cap_on) {
+BilinearQkv bilinear_btt_qkv(const at::Tensor& x, const BilinearBTTWeights& w, int64_t num_heads,
+                             const std::string& logit_scale, bool rms_cap_on) {
   const char* where = "bilinear_btt_attention";
   check_input(where, x, 3);
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = num_heads;
@@ -201,13 +201,18 @@ at::Tensor bilinear_btt_attention(const at::Tensor& x, const BilinearBTTWeights&
   const at::Tensor v = at::linear(h, w.v_weight, w.v_bias).view({B, T, H, D / H});  // B x T x H x D/H
   // The logit scale goes into the shared query (B x T x D, once) rather than to the op, which
   // keeps its scale in float32: so float64 stays exact.
-  const at::Tensor y = shared_query_attention(h * bilinear_btt_logit_scale(D, logit_scale), keys, v, 1.0, causal);
-  return at::linear(y.reshape({B, T, D}), w.out_weight, w.out_bias);
+  return {h * bilinear_btt_logit_scale(D, logit_scale), keys, v};
 }
 
-at::Tensor bilinear_mlr_attention(const at::Tensor& x, const BilinearMLRWeights& w, int64_t num_heads,
-                                  const std::string& logit_scale, bool divide_by_num_levels, bool causal,
-                                  bool rms_cap_on) {
+at::Tensor bilinear_btt_attention(const at::Tensor& x, const BilinearBTTWeights& w, int64_t num_heads,
+                                  const std::string& logit_scale, bool causal, bool rms_cap_on) {
+  const auto [q, k, v] = bilinear_btt_qkv(x, w, num_heads, logit_scale, rms_cap_on);
+  const at::Tensor y = shared_query_attention(q, k, v, 1.0, causal);  // B x T x H x D/H
+  return at::linear(y.reshape({x.size(0), x.size(1), x.size(2)}), w.out_weight, w.out_bias);
+}
+
+BilinearQkv bilinear_mlr_qkv(const at::Tensor& x, const BilinearMLRWeights& w, int64_t num_heads,
+                             const std::string& logit_scale, bool divide_by_num_levels, bool rms_cap_on) {
   const char* where = "bilinear_mlr_attention";
   check_input(where, x, 3);
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = num_heads;
@@ -266,11 +271,18 @@ at::Tensor bilinear_mlr_attention(const at::Tensor& x, const BilinearMLRWeights&
   STRATA_CHECK_ARG(rank_sum == D / H, where, "w_q", cat("ranks r_l = w_q[l].size(2) / H summing to D / H = ", D / H),
                    rank_sum);
   const at::Tensor v = at::linear(x, w.v_weight, w.v_bias).view({B, T, H, D / H});
+  return {at::cat(qs, -1), at::cat(ks, -1), v};
+}
+
+at::Tensor bilinear_mlr_attention(const at::Tensor& x, const BilinearMLRWeights& w, int64_t num_heads,
+                                  const std::string& logit_scale, bool divide_by_num_levels, bool causal,
+                                  bool rms_cap_on) {
+  const auto [q, k, v] = bilinear_mlr_qkv(x, w, num_heads, logit_scale, divide_by_num_levels, rms_cap_on);
   AttentionArgs args;
   args.scale = 1.0;
   args.causal = causal;
-  const at::Tensor y = attention(at::cat(qs, -1), at::cat(ks, -1), v, args);  // B x T x H x D/H
-  return at::linear(y.reshape({B, T, D}), w.out_weight, w.out_bias);
+  const at::Tensor y = attention(q, k, v, args);  // B x T x H x D/H
+  return at::linear(y.reshape({x.size(0), x.size(1), x.size(2)}), w.out_weight, w.out_bias);
 }
 
 // ---- BilinearBTTAttention ----
@@ -345,6 +357,15 @@ at::Tensor BilinearBTTAttentionImpl::forward(const at::Tensor& x) {
                                   options.rms_cap());
   } catch (const Error& e) {
     throw binding::readdressed(e, "bilinear_btt_attention", "BilinearBTTAttention::forward");
+  }
+}
+
+BilinearQkv BilinearBTTAttentionImpl::qkv(const at::Tensor& x) {
+  check_module_input("BilinearBTTAttention::qkv", x, options.embed_dim());
+  try {
+    return bilinear_btt_qkv(x, weights(), options.num_heads(), options.logit_scale(), options.rms_cap());
+  } catch (const Error& e) {
+    throw binding::readdressed(e, "bilinear_btt_attention", "BilinearBTTAttention::qkv");
   }
 }
 
@@ -443,6 +464,16 @@ at::Tensor BilinearMLRAttentionImpl::forward(const at::Tensor& x) {
                                   options.divide_by_num_levels(), options.causal(), options.rms_cap());
   } catch (const Error& e) {
     throw binding::readdressed(e, "bilinear_mlr_attention", "BilinearMLRAttention::forward");
+  }
+}
+
+BilinearQkv BilinearMLRAttentionImpl::qkv(const at::Tensor& x) {
+  check_module_input("BilinearMLRAttention::qkv", x, options.embed_dim());
+  try {
+    return bilinear_mlr_qkv(x, weights(), options.num_heads(), options.logit_scale(), options.divide_by_num_levels(),
+                            options.rms_cap());
+  } catch (const Error& e) {
+    throw binding::readdressed(e, "bilinear_mlr_attention", "BilinearMLRAttention::qkv");
   }
 }
 

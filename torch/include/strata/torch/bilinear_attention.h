@@ -91,6 +91,21 @@ struct BilinearMLRWeights {
   at::Tensor v_weight, v_bias, out_weight, out_bias;
 };
 
+// What the layers compute before their attention (the forwards below run attention(q, k, v) with
+// scale 1, then the out projection; incremental decoding caches k and v). The logit scale is
+// folded into q:
+//   btt: q batch x T x D (the shared query), k batch x T x heads x D, v batch x T x heads x D/H
+//        (attention through shared_query_attention)
+//   mlr: q, k batch x T x heads x (sum_l r_l p_l), v batch x T x heads x D/H
+struct BilinearQkv {
+  at::Tensor q, k, v;
+};
+BilinearQkv bilinear_btt_qkv(const at::Tensor& x, const BilinearBTTWeights& w, int64_t num_heads,
+                             const std::string& logit_scale = "sp", bool rms_cap = true);
+BilinearQkv bilinear_mlr_qkv(const at::Tensor& x, const BilinearMLRWeights& w, int64_t num_heads,
+                             const std::string& logit_scale = "sp", bool divide_by_num_levels = false,
+                             bool rms_cap = true);
+
 // The layers' forwards as functions of their weights (what the modules and the torch.ops.strata
 // ops run). x: batch x T x D -> batch x T x D. Throw naming the argument whose shape does not fit.
 at::Tensor bilinear_btt_attention(const at::Tensor& x, const BilinearBTTWeights& w, int64_t num_heads,
@@ -128,6 +143,8 @@ class BilinearBTTAttentionImpl : public ::torch::nn::Cloneable<BilinearBTTAttent
   void pretty_print(std::ostream& stream) const override;
   // x: batch x T x embed_dim (the module's dtype) -> batch x T x embed_dim.
   at::Tensor forward(const at::Tensor& x);
+  // bilinear_btt_qkv with this module's weights and options (x as forward's).
+  BilinearQkv qkv(const at::Tensor& x);
   // w_k, w_q: structured cores (fan-in d and c*s); LN weights gains; v_proj hidden; out_proj output.
   std::vector<std::pair<std::string, MupRole>> mup_roles() const override;
   BilinearBTTWeights weights() const;
@@ -171,6 +188,8 @@ class BilinearMLRAttentionImpl : public ::torch::nn::Cloneable<BilinearMLRAttent
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& x);
+  // bilinear_mlr_qkv with this module's weights and options (x as forward's).
+  BilinearQkv qkv(const at::Tensor& x);
   std::vector<std::pair<std::string, MupRole>> mup_roles() const override;
   BilinearMLRWeights weights() const;
 
