@@ -24,11 +24,6 @@ std::string parent_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-bool is_folder(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 // fsync of a file or folder by path; false with errno set on failure.
 bool sync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
@@ -39,6 +34,11 @@ bool sync_path(const std::string& path, int flags) {
 }
 
 }  // namespace
+
+bool is_folder(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
 
 // POSIX only, no std::filesystem: libtorch.so exports its own copies of some std::filesystem
 // functions, which programs linked with torch bind to, and some of them crash (remove_all).

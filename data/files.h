@@ -15,6 +15,9 @@ namespace strata::data {
 void write_file_atomic(const std::string& path, std::span<const std::byte> content, const char* where);
 void write_file_atomic(const std::string& path, const std::string& content, const char* where);
 
+// True when `path` names a folder (POSIX stat). (A regular file: data/shared_files.h.)
+bool is_folder(const std::string& path);
+
 // Creates `path` and its missing parents (mkdir -p). Returns "" or why it could not.
 std::string make_folders(const std::string& path);
 

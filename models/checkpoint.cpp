@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -46,11 +47,6 @@ std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
   return buf;
-}
-
-bool is_dir(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 std::string folder_of(const std::string& file) {
@@ -149,8 +145,8 @@ Checkpoint load_checkpoint(const std::string& path) {
   STRATA_CHECK(::stat(path.c_str(), &info) == 0, "checkpoint '", path,
                "': no such file or folder (expected a run folder or a checkpoint's .json)");
   std::string meta_path = path;
-  if (is_dir(path)) {
-    meta_path = is_dir(path + "/checkpoints") ? path + "/checkpoints/latest.json" : path + "/latest.json";
+  if (data::is_folder(path)) {
+    meta_path = data::is_folder(path + "/checkpoints") ? path + "/checkpoints/latest.json" : path + "/latest.json";
     STRATA_CHECK(::stat(meta_path.c_str(), &info) == 0, "checkpoint '", path, "': no checkpoint in this folder (expected ",
                  meta_path, ")");
   }
@@ -164,15 +160,18 @@ Checkpoint load_checkpoint(const std::string& path) {
   const auto size = meta_field<uint64_t>(c.meta, "bytes", meta_path);
   const auto sha = meta_field<std::string>(c.meta, "sha256", meta_path);
 
-  const std::string bytes = data::read_file(file, "load_checkpoint");
-  STRATA_CHECK(bytes.size() == size, "checkpoint '", file, "': ", bytes.size(), " bytes where its metadata says ", size,
-               " (truncated or altered; an earlier checkpoint may remain in ", folder_of(meta_path), ")");
-  const std::string got = data::sha256_hex(bytes);
+  // Size and sha256 first (streamed), then the tensors from a mapping: the file is never held twice
+  // in memory (a checkpoint with AdamW state is 3x the model).
+  struct stat file_info {};
+  STRATA_CHECK(::stat(file.c_str(), &file_info) == 0, "load_checkpoint: cannot read '", file, "': ",
+               std::strerror(errno));
+  STRATA_CHECK(uint64_t(file_info.st_size) == size, "checkpoint '", file, "': ", file_info.st_size,
+               " bytes where its metadata says ", size, " (truncated or altered; an earlier checkpoint may remain in ",
+               folder_of(meta_path), ")");
+  const std::string got = data::sha256_file_hex(file);
   STRATA_CHECK(got == sha, "checkpoint '", file, "': sha256 ", got, " where its metadata says ", sha,
                " (corrupt or altered)");
-  std::vector<std::byte> image(bytes.size());
-  std::memcpy(image.data(), bytes.data(), bytes.size());
-  const auto st = data::SafetensorsFile::from_bytes(std::move(image), file);
+  const auto st = data::SafetensorsFile::open(file);
   const auto it = st.metadata().find("step");
   STRATA_CHECK(it != st.metadata().end() && it->second == std::to_string(c.step), "checkpoint '", file,
                "': its step does not match the metadata's ", c.step);

@@ -1,7 +1,6 @@
 // models/experiment.cpp: experiment files, the run loop and OUT/summary.json (experiment.h).
 #include "models/experiment.h"
 
-#include <sys/stat.h>
 #include <toml++/toml.h>
 
 #include <cctype>
@@ -11,6 +10,7 @@
 #include <sstream>
 
 #include "data/files.h"
+#include "data/shared_files.h"
 #include "models/checkpoint.h"
 #include "models/train_config.h"
 #include "models/trainer.h"
@@ -20,12 +20,6 @@ namespace strata::models {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// POSIX: no std::filesystem in programs linked with torch (data/files.cpp says why).
-bool file_exists(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 [[noreturn]] void bad(const std::string& path, const std::string& key, const std::string& what) {
   throw Error("experiment '" + path + "': key '" + key + "': " + what);
@@ -129,7 +123,7 @@ double wall_seconds(const std::string& run_dir) {
 }
 
 nlohmann::json read_json_or_null(const std::string& path) {
-  if (!file_exists(path)) return nullptr;
+  if (!data::is_regular_file(path)) return nullptr;
   try {
     return nlohmann::json::parse(data::read_file(path, "experiment"));
   } catch (const nlohmann::json::exception& e) {
@@ -151,9 +145,13 @@ nlohmann::json record_run(const ExperimentRun& r, const std::vector<std::string>
                " of ", c.train.steps, " (the run did not finish)");
   const auto t0 = Clock::now();
   nlohmann::json val = c.train.eval_batches == 0 ? final_eval_row(run_dir, c.train.steps) : nlohmann::json();
-  if (val.is_null() || val.empty()) val = evaluate_checkpoint(run_dir, "val", eval_batch)["metrics"];
+  const bool need_val = val.is_null() || val.empty(), need_test = c.task != "charlm";
   nlohmann::json test = nullptr;
-  if (c.task != "charlm") test = evaluate_checkpoint(run_dir, "test", eval_batch)["metrics"];
+  if (need_val || need_test) {  // the model and its data built once for both splits
+    TrainedRun run = open_trained_run(ck);
+    if (need_val) val = evaluate_run(run, "val", eval_batch)["metrics"];
+    if (need_test) test = evaluate_run(run, "test", eval_batch)["metrics"];
+  }
   const double eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const nlohmann::json trainer_summary = read_json_or_null(run_dir + "/summary.json");
   const double wall = wall_seconds(run_dir);
@@ -220,7 +218,7 @@ std::string run_folder_name(const std::string& label) {
 }
 
 Experiment load_experiment(const std::string& path) {
-  STRATA_CHECK(file_exists(path), "experiment '", path, "': cannot be read (no such file?)");
+  STRATA_CHECK(data::is_regular_file(path), "experiment '", path, "': cannot be read (no such file?)");
   toml::table root;
   try {
     root = toml::parse(data::read_file(path, "experiment"), path);
@@ -284,7 +282,7 @@ Experiment load_experiment(const std::string& path) {
     if (r.method.empty()) r.method = r.label;
     const std::string config = string_of(t, "config", where, path, true);
     r.config = normalize_path(config[0] == '/' ? config : dir + "/" + config);
-    if (!file_exists(r.config)) bad(path, where + "config", "no such file '" + r.config + "'");
+    if (!data::is_regular_file(r.config)) bad(path, where + "config", "no such file '" + r.config + "'");
     r.sets = strings_of(t, "set", where, path);
     if (!labels.insert(r.label).second) bad(path, where + "label", "duplicate label '" + r.label + "'");
     if (!folders.insert(run_folder_name(r.label)).second)
@@ -437,7 +435,7 @@ ExperimentResult run_experiment(const Experiment& e, const ExperimentOptions& op
     ro.progress = opt.progress;
     ro.commit = opt.commit;
     ro.stop_after = opt.stop_after;
-    if (file_exists(run_dir + "/summary.json")) {
+    if (data::is_regular_file(run_dir + "/summary.json")) {
       say(tag + ": trained (" + run_dir + "/summary.json), evaluating");
     } else {
       ro.resume = has_checkpoint(run_dir);
@@ -456,7 +454,7 @@ ExperimentResult run_experiment(const Experiment& e, const ExperimentOptions& op
     write_summary(summary, plan, summary_path);
     say(tag + ": val " + rec["val"].dump() + (rec["test"].is_null() ? "" : ", test " + rec["test"].dump()));
   }
-  if (res.ran == 0 && !file_exists(summary_path)) write_summary(summary, plan, summary_path);
+  if (res.ran == 0 && !data::is_regular_file(summary_path)) write_summary(summary, plan, summary_path);
   res.summary = summary;
   return res;
 }

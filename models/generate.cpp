@@ -17,6 +17,16 @@ using Kind = LayerAttentionKind;
 
 bool bilinear(Kind k) { return k == Kind::btt || k == Kind::bmlr; }
 
+// The per-head key width a layer's cache holds: d, or the bilinear layers' transformed keys (btt:
+// the full width D; bmlr: the concatenated level features, sum_l r_l p_l with p_l = 2^(l-1)).
+int64_t key_width(const LayerAttentionSpec& spec, int64_t width, int64_t head_dim) {
+  if (spec.kind == Kind::btt) return width;
+  if (spec.kind != Kind::bmlr) return head_dim;
+  int64_t features = 0;
+  for (size_t l = 0; l < spec.ranks.size(); ++l) features += spec.ranks[l] << l;
+  return features;
+}
+
 }  // namespace
 
 DecoderCache::DecoderCache(DecoderImpl& model, int64_t max_len) : m_(model), max_len_(max_len) {
@@ -33,15 +43,7 @@ DecoderCache::DecoderCache(DecoderImpl& model, int64_t max_len) : m_(model), max
     if (attn.spec.kind == Kind::mlr) {
       c.mlr = std::make_unique<strata::torch::MlrDecodeCache>(1, H, d, max_len, attn.mlr_args());
     } else {
-      // Key width: d, or the bilinear layers' transformed keys (btt: D per head; bmlr: the
-      // concatenated level features), taken from one token's qkv.
-      int64_t dk = d;
-      if (bilinear(attn.spec.kind)) {
-        ::torch::NoGradGuard no_grad;
-        const at::Tensor probe = at::zeros({1, 1, D}, opts);
-        dk = (attn.spec.kind == Kind::btt ? attn.btt->qkv(probe) : attn.bmlr->qkv(probe)).k.size(3);
-      }
-      c.k = at::zeros({1, max_len, H, dk}, opts);
+      c.k = at::zeros({1, max_len, H, key_width(attn.spec, D, d)}, opts);
       c.v = at::zeros({1, max_len, H, d}, opts);
     }
     layers_.push_back(std::move(c));
@@ -91,21 +93,21 @@ at::Tensor DecoderCache::layer_forward(size_t l, const at::Tensor& x) {
     auto [q, k, v] = attn.qkv(h);  // 1 x n x H x d each
     at::Tensor y;
     if (c.mlr) {
+      STRATA_CHECK(n == 1 || p0 == 0, "DecoderCache::feed: several tokens after the prompt are not supported");
       c.mlr->append(k, v);
       // The prompt: the layer's own forward over it; then one query at a time over the cache.
       y = n == 1 && p0 > 0 ? c.mlr->attend(q) : attn.attend(q, k, v);
-      STRATA_CHECK(n == 1 || p0 == 0, "DecoderCache::feed: several tokens after the prompt are not supported");
     } else {
       c.k.slice(1, p0, p1).copy_(k);
       c.v.slice(1, p0, p1).copy_(v);
       const at::Tensor K = c.k.slice(1, 0, p1), V = c.v.slice(1, 0, p1);
       if (attn.spec.kind == Kind::sdpa && n < p1) {
-        // torch's SDPA aligns a causal mask top-left; the new rows see every cached key.
+        // torch's SDPA aligns a causal mask top-left; the new row sees every cached key.
+        STRATA_CHECK(n == 1, "DecoderCache::feed: several sdpa tokens after the prompt are not supported");
         const double scale = logit_scale_value(attn.spec.scale, attn.head_dim);
         y = at::scaled_dot_product_attention(q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2), {}, 0.0,
                                              /*is_causal=*/false, scale)
                 .transpose(1, 2);
-        STRATA_CHECK(n == 1, "DecoderCache::feed: several sdpa tokens after the prompt are not supported");
       } else {
         y = attn.attend(q, K, V);  // bottom-right aligned: rows p0..p1-1
       }

@@ -6,7 +6,6 @@
 #include <torch/nn/functional/loss.h>
 
 #include <cmath>
-#include <limits>
 
 #include "data/char_corpus.h"
 #include "data/ett.h"
@@ -138,7 +137,7 @@ class IcrTask final : public Task {
                  split, "\"");
     // Fresh prompts at full size from the evaluation seed (val and test use different ones).
     const uint64_t seed = uint64_t(c_.seed) + kEvalSeedOffset + (split == "test" ? 1 : 0);
-    const auto full = data::icr_stage(opt_, std::numeric_limits<int32_t>::max());
+    const auto full = data::icr_stage(opt_, data::icr_full_size_step(opt_));
     const int64_t n = c_.data.eval_prompts;
     double last = 0, all = 0;
     for (int64_t begin = 0, k = 0; begin < n; begin += batch, ++k) {

@@ -177,9 +177,7 @@ void append_line(const std::string& path, const std::string& line) {
 
 // The config of a resumed run must be the checkpoint's (the step count may change).
 void check_same_config(const TrainConfig& c, const Checkpoint& ck) {
-  STRATA_CHECK(ck.meta.contains("config") && ck.meta["config"].is_string(), "checkpoint '", ck.path,
-               "': its metadata has no config");
-  TrainConfig saved = parse_train_config(ck.meta["config"].get<std::string>(), ck.path + " (config)");
+  TrainConfig saved = checkpoint_config(ck);
   TrainConfig mine = c;
   saved.train.steps = mine.train.steps;
   if (saved == mine) return;
@@ -197,6 +195,12 @@ void check_same_config(const TrainConfig& c, const Checkpoint& ck) {
 }
 
 }  // namespace
+
+TrainConfig checkpoint_config(const Checkpoint& ck) {
+  STRATA_CHECK(ck.meta.contains("config") && ck.meta["config"].is_string(), "checkpoint '", ck.path,
+               "': its metadata has no config");
+  return parse_train_config(ck.meta["config"].get<std::string>(), ck.path + " (config)");
+}
 
 void load_model_state(::torch::nn::Module& model, const Checkpoint& ck) {
   ::torch::NoGradGuard no_grad;
@@ -299,6 +303,10 @@ RunSummary train(const TrainConfig& c, const RunOptions& opt) {
     return m;
   };
 
+  // clip_grad_norm_ skips parameters whose gradient stayed undefined.
+  std::vector<at::Tensor> trainable;
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
   model.train();
   int64_t steps_here = 0;
   for (int64_t step = start; step < c.train.steps; ++step) {
@@ -317,11 +325,8 @@ RunSummary train(const TrainConfig& c, const RunOptions& opt) {
       throw Error("train: the loss is " + fmt_num(loss_sum) + " at step " + std::to_string(step) +
                   " (lr " + fmt_num(c.train.lr * f) + "): stopped; the last checkpoint in '" + opt.run_dir +
                   "/checkpoints' is intact (try a lower train.lr)");
-    std::vector<at::Tensor> params;
-    for (const auto& p : model.parameters())
-      if (p.requires_grad() && p.grad().defined()) params.push_back(p);
     const double grad_norm = ::torch::nn::utils::clip_grad_norm_(
-        params, c.train.clip > 0 ? c.train.clip : std::numeric_limits<double>::infinity());
+        trainable, c.train.clip > 0 ? c.train.clip : std::numeric_limits<double>::infinity());
     optimizer->step();
     const double dt = std::chrono::duration<double>(Clock::now() - s0).count();
     train_seconds += dt;
@@ -371,19 +376,30 @@ RunSummary train(const TrainConfig& c, const RunOptions& opt) {
   return sum;
 }
 
-nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch) {
-  const Checkpoint ck = load_checkpoint(checkpoint);
-  STRATA_CHECK(ck.meta.contains("config") && ck.meta["config"].is_string(), "checkpoint '", ck.path,
-               "': its metadata has no config");
-  const TrainConfig c = parse_train_config(ck.meta["config"].get<std::string>(), ck.path + " (config)");
-  configure_threads(c.train.threads);
-  auto task = make_task(c);
-  load_model_state(task->model(), ck);
-  task->model().eval();
+TrainedRun open_trained_run(Checkpoint ck) {
+  TrainedRun r;
+  r.config = checkpoint_config(ck);
+  configure_threads(r.config.train.threads);
+  r.task = make_task(r.config);
+  load_model_state(r.task->model(), ck);
+  r.task->model().eval();
+  r.checkpoint = std::move(ck);
+  return r;
+}
+
+TrainedRun load_trained_run(const std::string& checkpoint) { return open_trained_run(load_checkpoint(checkpoint)); }
+
+nlohmann::json evaluate_run(TrainedRun& run, const std::string& split, int64_t batch) {
+  const TrainConfig& c = run.config;
   ::torch::NoGradGuard no_grad;
-  const auto m = task->evaluate(split, batch > 0 ? batch : c.train.batch, 0);
-  return {{"name", c.name}, {"task", c.task}, {"step", ck.step}, {"split", split}, {"metrics", m},
-          {"checkpoint", ck.path}};
+  const auto m = run.task->evaluate(split, batch > 0 ? batch : c.train.batch, 0);
+  return {{"name", c.name}, {"task", c.task}, {"step", run.checkpoint.step}, {"split", split}, {"metrics", m},
+          {"checkpoint", run.checkpoint.path}};
+}
+
+nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch) {
+  TrainedRun run = load_trained_run(checkpoint);
+  return evaluate_run(run, split, batch);
 }
 
 }  // namespace strata::models

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "models/checkpoint.h"
+#include "models/tasks.h"
 #include "models/train_config.h"
 
 #include <torch/nn/module.h>
@@ -49,8 +50,26 @@ struct RunSummary {
 // non-finite loss (naming the step; the last checkpoint stays).
 RunSummary train(const TrainConfig& c, const RunOptions& opt);
 
-// The task's metrics of a checkpoint (a run folder or a checkpoint metadata file) on `split`,
-// over the whole split. Returns {"step", "split", "metrics": {...}, "config": name}.
+// The config a checkpoint was trained with (its metadata's resolved TOML). Throws strata::Error
+// naming the checkpoint when there is none.
+TrainConfig checkpoint_config(const Checkpoint& ck);
+
+// A trained model as a checkpoint holds it: the checkpoint, its config and its task with the
+// checkpoint's weights loaded (eval mode). What eval, generate and the experiment runner start from.
+struct TrainedRun {
+  Checkpoint checkpoint;
+  TrainConfig config;
+  std::unique_ptr<Task> task;
+};
+// From a loaded checkpoint (threads set from its config, its data loaded once).
+TrainedRun open_trained_run(Checkpoint ck);
+// load_checkpoint(path) (a run folder or a checkpoint metadata file), then the above.
+TrainedRun load_trained_run(const std::string& checkpoint);
+
+// The task's metrics of a trained run on `split`, over the whole split (batch 0: the config's
+// train.batch). Returns {"name", "task", "step", "split", "metrics": {...}, "checkpoint"}.
+nlohmann::json evaluate_run(TrainedRun& run, const std::string& split, int64_t batch = 0);
+// load_trained_run + evaluate_run.
 nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch = 0);
 
 // Copies a checkpoint's parameters and buffers ("param/<name>", "buffer/<name>") into model; every

@@ -85,16 +85,13 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& o) {
 }
 
 int run_generate(const GenerateOptions& o) {
-  const models::Checkpoint ck = models::load_checkpoint(o.checkpoint);
-  STRATA_CHECK(ck.meta.contains("config") && ck.meta["config"].is_string(), "strata generate: checkpoint '", ck.path,
-               "' has no config");
-  const models::TrainConfig c = models::parse_train_config(ck.meta["config"].get<std::string>(), ck.path + " (config)");
+  models::Checkpoint ck = models::load_checkpoint(o.checkpoint);
+  const models::TrainConfig c = models::checkpoint_config(ck);
   STRATA_CHECK(c.task == "charlm", "strata generate: argument 'checkpoint': expected a charlm run, got task '", c.task, "'");
   const std::vector<int64_t> prompt = data::encode_chars(o.prompt.empty() ? std::string("\n") : o.prompt);
-  auto task = models::make_task(c);
-  auto* model = dynamic_cast<models::DecoderImpl*>(&task->model());
+  models::TrainedRun run = models::open_trained_run(std::move(ck));
+  auto* model = dynamic_cast<models::DecoderImpl*>(&run.task->model());
   STRATA_CHECK(model, "strata generate: the checkpoint's model is not a decoder");
-  models::load_model_state(*model, ck);
   models::GenerateOptions g;
   g.tokens = o.tokens;
   g.temperature = o.temperature;
