@@ -427,6 +427,7 @@ ExperimentResult run_experiment(const Experiment& e, const ExperimentOptions& op
       else sets.insert(sets.end(), m->second.begin(), m->second.end());
     }
     sets.insert(sets.end(), size.sets.begin(), size.sets.end());
+    sets.insert(sets.end(), opt.sets.begin(), opt.sets.end());
     const TrainConfig c = load_train_config(r.config, opt.size, sets);
     const std::string folder = run_folder_name(r.label);
     const std::string run_dir = opt.out + "/" + folder;

@@ -88,6 +88,8 @@ struct ExperimentOptions {
   std::string out;                   // OUT
   std::string size = "cpu";
   std::vector<std::string> only;     // labels to run (empty: all)
+  std::vector<std::string> sets;     // --set overrides applied to every run after the size's (e.g.
+                                     // train.device=cuda, or train.steps=N for a bounded check)
   int64_t stop_after = -1;           // >= 0: stop the first run that trains after this many steps and
                                      // return, as if killed (tests)
   bool progress = true;              // the trainer's progress lines

@@ -3,9 +3,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 
 #include <cmath>
+#include <optional>
 
 #include "data/char_corpus.h"
 #include "data/ett.h"
@@ -46,9 +48,11 @@ DecoderConfig decoder_config(const TrainConfig& c) {
   return d;
 }
 
-void init_parameters(::torch::nn::Module& m, int64_t seed) {
+// Initialises m on the CPU by the muP rules from `seed`, then moves it to `device`.
+void init_parameters(::torch::nn::Module& m, int64_t seed, const at::Device& device) {
   at::Generator gen = at::detail::createCPUGenerator(uint64_t(seed));
   strata::torch::mup_init_(m, gen);
+  m.to(device);
 }
 
 // Number of batches of `batch` an evaluation runs over `total` items (max_batches 0 = all).
@@ -63,7 +67,7 @@ class CharLmTask final : public Task {
     d.vocab_size = data::CharCorpus::kVocab;
     d.context = c.data.context;
     model_ = build_model(c, [&] { return Decoder(d); });
-    init_parameters(*model_, c.seed);
+    init_parameters(*model_, c.seed, device_);
     STRATA_CHECK(int64_t(corpus_.val.size()) > c.data.context, "config: key 'data.context': ", c.data.context,
                  " is longer than the validation split of '", c.data.corpus, "' (", corpus_.val.size(), " characters)");
   }
@@ -99,11 +103,13 @@ class CharLmTask final : public Task {
   // ids: batch x (T+1); the mean next-character cross entropy (nats).
   at::Tensor lm_loss(const at::Tensor& ids) {
     const int64_t T = ids.size(1) - 1;
-    const at::Tensor logits = model_->forward(ids.slice(1, 0, T));
-    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), ids.slice(1, 1, T + 1).reshape({-1}));
+    const at::Tensor on = ids.to(device_);
+    const at::Tensor logits = model_->forward(on.slice(1, 0, T));
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), on.slice(1, 1, T + 1).reshape({-1}));
   }
 
   TrainConfig c_;
+  at::Device device_{training_device(c_)};
   data::CharCorpus corpus_;
   Decoder model_{nullptr};
 };
@@ -122,7 +128,7 @@ class IcrTask final : public Task {
     d.output_dim = 1;
     d.context = data::icr_max_tokens(opt_);
     model_ = build_model(c, [&] { return Decoder(d); });
-    init_parameters(*model_, c.seed);
+    init_parameters(*model_, c.seed, device_);
   }
   ::torch::nn::Module& model() override { return *model_; }
 
@@ -161,11 +167,12 @@ class IcrTask final : public Task {
     at::Tensor tokens = at::empty({batch, 2 * P, d}, at::kFloat);
     at::Tensor target = at::empty({batch, P}, at::kFloat);
     data::icr_batch(opt_, stage, batch, seed, step, micro, tokens.data_ptr<float>(), target.data_ptr<float>());
-    const at::Tensor out = model_->forward(tokens);  // batch x 2P x 1
-    return {out.select(2, 0).slice(1, 0, 2 * P, 2), target};
+    const at::Tensor out = model_->forward(tokens.to(device_));  // batch x 2P x 1
+    return {out.select(2, 0).slice(1, 0, 2 * P, 2), target.to(device_)};
   }
 
   TrainConfig c_;
+  at::Device device_{training_device(c_)};
   data::IcrOptions opt_;
   Decoder model_{nullptr};
 };
@@ -188,7 +195,7 @@ class EttTask final : public Task {
     f.dropout = c.model.dropout;
     f.attention = c.model.attention;
     model_ = build_model(c, [&] { return Forecaster(f); });
-    init_parameters(*model_, c.seed);
+    init_parameters(*model_, c.seed, device_);
   }
   ::torch::nn::Module& model() override { return *model_; }
 
@@ -196,7 +203,7 @@ class EttTask final : public Task {
     const int64_t L = c_.data.input_len, H = c_.data.horizon, C = data_.channels;
     at::Tensor x = at::empty({batch, L, C}, at::kFloat), y = at::empty({batch, H, C}, at::kFloat);
     data::ett_sample(data_, L, H, batch, uint64_t(c_.seed), step, micro, x.data_ptr<float>(), y.data_ptr<float>());
-    return at::mse_loss(model_->forward(x), y);
+    return at::mse_loss(model_->forward(x.to(device_)), y.to(device_));
   }
 
   nlohmann::json evaluate(const std::string& split, int64_t batch, int64_t max_batches) override {
@@ -211,7 +218,7 @@ class EttTask final : public Task {
       at::Tensor x = at::empty({b, L, C}, at::kFloat), y = at::empty({b, H, C}, at::kFloat);
       for (int64_t i = 0; i < b; ++i)
         data::ett_window(data_, s, L, H, begin + i, x.data_ptr<float>() + i * L * C, y.data_ptr<float>() + i * H * C);
-      const at::Tensor err = model_->forward(x).to(at::kDouble) - y.to(at::kDouble);
+      const at::Tensor err = model_->forward(x.to(device_)).to(at::kDouble) - y.to(device_, at::kDouble);
       se += err.square().sum().item<double>();
       ae += err.abs().sum().item<double>();
     }
@@ -224,11 +231,32 @@ class EttTask final : public Task {
 
  private:
   TrainConfig c_;
+  at::Device device_{training_device(c_)};
   data::EttData data_;
   Forecaster model_{nullptr};
 };
 
 }  // namespace
+
+at::Device training_device(const TrainConfig& c) {
+  const std::string& name = c.train.device;
+  std::optional<at::Device> dev;
+  try {
+    dev.emplace(name);
+  } catch (const std::exception&) {
+  }
+  STRATA_CHECK(dev && (dev->is_cpu() || dev->is_cuda()), "config: key 'train.device': expected \"cpu\" | \"cuda\" | "
+               "\"cuda:N\", got \"", name, "\"");
+  if (dev->is_cuda()) {
+    const int64_t n = int64_t(::torch::cuda::device_count());
+    STRATA_CHECK(n > 0, "config: key 'train.device': \"", name, "\" asked for, but LibTorch sees no CUDA device on this "
+                 "machine (", ::torch::cuda::is_available() ? "available" : "CUDA not available",
+                 "); use train.device=cpu");
+    STRATA_CHECK(!dev->has_index() || dev->index() < n, "config: key 'train.device': \"", name, "\" asked for, but this "
+                 "machine has ", n, " CUDA device(s) (cuda:0..cuda:", n - 1, ")");
+  }
+  return *dev;
+}
 
 std::unique_ptr<Task> make_task(const TrainConfig& c) {
   if (c.task == "charlm") return std::make_unique<CharLmTask>(c);

@@ -42,9 +42,16 @@ class Task {
   virtual double forward_flops_per_sequence(int64_t step) const = 0;
 };
 
+// The device of c.train.device, checked against this machine: throws strata::Error naming
+// 'train.device' when it is a CUDA device LibTorch does not see (no CUDA build, no GPU, or no
+// device of that index).
+at::Device training_device(const TrainConfig& c);
+
 // The task of c.task with its model built (parameters initialised by the muP rules from a
 // generator seeded with c.seed) and its data loaded (checksums checked). Throws strata::Error
-// naming the config key for what does not fit.
+// naming the config key for what does not fit. The model lives on training_device(c) (initialised
+// on the CPU, then moved: the same initial weights on every device); batches are drawn on the CPU
+// and copied there.
 std::unique_ptr<Task> make_task(const TrainConfig& c);
 
 }  // namespace strata::models

@@ -36,6 +36,17 @@ std::string one_of(const std::string& v, std::initializer_list<const char*> opti
   return "one of " + all;
 }
 
+// "" when `v` is "cpu", "cuda" or "cuda:N" (N a decimal index); whether the machine has that
+// device is checked where the run starts (trainer.h training_device), not when a config is read.
+std::string device_syntax(const std::string& v) {
+  if (v == "cpu" || v == "cuda") return "";
+  const std::string p = "cuda:";
+  if (v.size() > p.size() && v.compare(0, p.size(), p) == 0 &&
+      v.find_first_not_of("0123456789", p.size()) == std::string::npos && v.size() - p.size() <= 3)
+    return "";
+  return "\"cpu\" | \"cuda\" | \"cuda:N\"";
+}
+
 // The one list of keys: name, where it lives, its check (`c` is the whole config, for cross-key checks).
 std::vector<Field> fields(TrainConfig& c) {
   auto& m = c.model;
@@ -109,6 +120,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.checkpoint_every", &t.checkpoint_every, [](const TrainConfig& x) { return at_least(x.train.checkpoint_every, 1); }},
       {"train.keep_checkpoints", &t.keep_checkpoints, [](const TrainConfig& x) { return at_least(x.train.keep_checkpoints, 1); }},
       {"train.threads", &t.threads, [](const TrainConfig& x) { return at_least(x.train.threads, 0); }},
+      {"train.device", &t.device, [](const TrainConfig& x) { return device_syntax(x.train.device); }},
   };
 }
 

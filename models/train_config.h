@@ -56,6 +56,10 @@ struct TrainLoopConfig {
   int64_t eval_every = 100, eval_batches = 8;   // eval_batches: batches of `batch` per evaluation (0 = the whole split)
   int64_t log_every = 10, checkpoint_every = 100, keep_checkpoints = 2;
   int64_t threads = 0;                          // 0 = the machine's cores
+  // Where the model trains: "cpu" | "cuda" | "cuda:N". On CUDA the layers whose strata kernel is
+  // CPU-only run through strata::torch's torch-op path (LibTorch's own ops); batches are drawn on
+  // the CPU (the same draws as a CPU run) and copied over. A resume may change the device.
+  std::string device = "cpu";
 };
 
 struct TrainConfig {

@@ -107,8 +107,8 @@ void load_optimizer_state(::torch::nn::Module& model, ::torch::optim::AdamW& opt
       if (!ck.tensors.count(n + "/step")) continue;  // saved before its first step
       auto s = std::make_unique<::torch::optim::AdamWParamState>();
       s->step(need(ck, n + "/step", {}).item<int64_t>());
-      s->exp_avg(need(ck, n + "/exp_avg", p.sizes()).clone());
-      s->exp_avg_sq(need(ck, n + "/exp_avg_sq", p.sizes()).clone());
+      s->exp_avg(need(ck, n + "/exp_avg", p.sizes()).to(p.options(), false, /*copy=*/true));
+      s->exp_avg_sq(need(ck, n + "/exp_avg_sq", p.sizes()).to(p.options(), false, /*copy=*/true));
       opt.state()[p.unsafeGetTensorImpl()] = std::move(s);
     }
   }
@@ -180,6 +180,7 @@ void check_same_config(const TrainConfig& c, const Checkpoint& ck) {
   TrainConfig saved = checkpoint_config(ck);
   TrainConfig mine = c;
   saved.train.steps = mine.train.steps;
+  saved.train.device = mine.train.device;  // a run may move between devices
   if (saved == mine) return;
   // Name the first differing key.
   std::istringstream a(to_toml(saved)), b(to_toml(mine));
@@ -376,9 +377,10 @@ RunSummary train(const TrainConfig& c, const RunOptions& opt) {
   return sum;
 }
 
-TrainedRun open_trained_run(Checkpoint ck) {
+TrainedRun open_trained_run(Checkpoint ck, const std::string& device) {
   TrainedRun r;
   r.config = checkpoint_config(ck);
+  if (!device.empty()) r.config.train.device = device;
   configure_threads(r.config.train.threads);
   r.task = make_task(r.config);
   load_model_state(r.task->model(), ck);
@@ -387,7 +389,9 @@ TrainedRun open_trained_run(Checkpoint ck) {
   return r;
 }
 
-TrainedRun load_trained_run(const std::string& checkpoint) { return open_trained_run(load_checkpoint(checkpoint)); }
+TrainedRun load_trained_run(const std::string& checkpoint, const std::string& device) {
+  return open_trained_run(load_checkpoint(checkpoint), device);
+}
 
 nlohmann::json evaluate_run(TrainedRun& run, const std::string& split, int64_t batch) {
   const TrainConfig& c = run.config;
@@ -397,8 +401,9 @@ nlohmann::json evaluate_run(TrainedRun& run, const std::string& split, int64_t b
           {"checkpoint", run.checkpoint.path}};
 }
 
-nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch) {
-  TrainedRun run = load_trained_run(checkpoint);
+nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch,
+                                   const std::string& device) {
+  TrainedRun run = load_trained_run(checkpoint, device);
   return evaluate_run(run, split, batch);
 }
 

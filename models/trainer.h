@@ -61,16 +61,18 @@ struct TrainedRun {
   TrainConfig config;
   std::unique_ptr<Task> task;
 };
-// From a loaded checkpoint (threads set from its config, its data loaded once).
-TrainedRun open_trained_run(Checkpoint ck);
+// From a loaded checkpoint (threads set from its config, its data loaded once), on `device` ("" =
+// the run's train.device; e.g. "cpu" to evaluate a GPU run on a machine without one).
+TrainedRun open_trained_run(Checkpoint ck, const std::string& device = "");
 // load_checkpoint(path) (a run folder or a checkpoint metadata file), then the above.
-TrainedRun load_trained_run(const std::string& checkpoint);
+TrainedRun load_trained_run(const std::string& checkpoint, const std::string& device = "");
 
 // The task's metrics of a trained run on `split`, over the whole split (batch 0: the config's
 // train.batch). Returns {"name", "task", "step", "split", "metrics": {...}, "checkpoint"}.
 nlohmann::json evaluate_run(TrainedRun& run, const std::string& split, int64_t batch = 0);
 // load_trained_run + evaluate_run.
-nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch = 0);
+nlohmann::json evaluate_checkpoint(const std::string& checkpoint, const std::string& split, int64_t batch = 0,
+                                   const std::string& device = "");
 
 // Copies a checkpoint's parameters and buffers ("param/<name>", "buffer/<name>") into model; every
 // one must be there with the model's shape (an error names the tensor otherwise).

@@ -109,7 +109,7 @@ CLI::App* add_train(CLI::App& app, TrainOptions& o);
 int run_train(const TrainOptions& o);
 
 struct EvalOptions {  // train.cpp
-  std::string checkpoint, split = "val", json;
+  std::string checkpoint, split = "val", json, device;
   int64_t batch = 0;
 };
 CLI::App* add_eval(CLI::App& app, EvalOptions& o);
@@ -135,6 +135,7 @@ int run_plot_runs(const PlotRunsOptions& o);
 struct ExperimentOptions {  // experiment.cpp
   std::string name, size = "cpu", out;
   std::vector<std::string> only;  // labels
+  std::vector<std::string> sets;  // --set, applied to every run
   bool list = false, no_plot = false, no_progress = false;
   int64_t stop_after = -1;
 };

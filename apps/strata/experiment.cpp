@@ -58,6 +58,8 @@ CLI::App* add_experiment(CLI::App& app, ExperimentOptions& o) {
   cmd->add_option("--size", o.size, "smoke | cpu | paper (applied to every run)");
   cmd->add_option("--out", o.out, "the results folder (default results/NAME, results/NAME-SIZE for smoke / paper)");
   cmd->add_option("--only", o.only, "run only these labels (see --list)")->allow_extra_args(false);
+  cmd->add_option("--set", o.sets, "override a key in every run, after the size's (e.g. train.device=cuda)")
+      ->allow_extra_args(false);
   cmd->add_flag("--list", o.list, "print the runs, their --set overrides and the size's, run nothing");
   cmd->add_flag("--no-plot", o.no_plot, "skip the plot / table step");
   cmd->add_flag("--no-progress", o.no_progress, "no training progress lines");
@@ -80,6 +82,7 @@ int run_experiment(const ExperimentOptions& o) {
       fmt::print("size '{}': then --set {}\n", o.size, it->second.sets.empty() ? "(none)" : fmt::format("'{}'", fmt::join(it->second.sets, "' '")));
       for (const auto& [from, to] : it->second.map) fmt::print("size '{}': '{}' -> '{}'\n", o.size, from, fmt::join(to, "' '"));
     }
+    if (!o.sets.empty()) fmt::print("then --set '{}' (every run)\n", fmt::join(o.sets, "' '"));
     if (!e.repeat_seeds.empty())
       fmt::print("then the best method by {} (lowest mean over its runs) again with seeds {}\n", e.repeat_metric,
                  fmt::join(e.repeat_seeds, ", "));
@@ -92,6 +95,7 @@ int run_experiment(const ExperimentOptions& o) {
   x.out = out;
   x.size = o.size;
   x.only = o.only;
+  x.sets = o.sets;
   x.stop_after = o.stop_after;
   x.progress = !o.no_progress;
   x.commit = STRATA_GIT_COMMIT;

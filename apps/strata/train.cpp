@@ -58,6 +58,7 @@ CLI::App* add_eval(CLI::App& app, EvalOptions& o) {
   cmd->add_option("checkpoint", o.checkpoint, "a run folder or a checkpoint's .json")->required();
   cmd->add_option("--split", o.split, "val | test (charlm: val only)")->check(CLI::IsMember({"val", "test"}));
   cmd->add_option("--batch", o.batch, "sequences per batch (default: the config's train.batch)");
+  cmd->add_option("--device", o.device, "cpu | cuda | cuda:N (default: the run's train.device)");
   cmd->add_option("--json", o.json, "also write the result to this file");
   return cmd;
 }
@@ -67,7 +68,7 @@ int run_eval(const EvalOptions& o) {
     const std::string why = data::unwritable_reason(o.json);
     STRATA_CHECK(why.empty(), "strata eval: option '--json': cannot write '", o.json, "': ", why);
   }
-  const auto r = models::evaluate_checkpoint(o.checkpoint, o.split, o.batch);
+  const auto r = models::evaluate_checkpoint(o.checkpoint, o.split, o.batch, o.device);
   fmt::print("{}\n", r.dump(2));
   if (!o.json.empty()) data::write_file_atomic(o.json, r.dump(2) + "\n", "strata eval");
   return 0;
@@ -89,7 +90,7 @@ int run_generate(const GenerateOptions& o) {
   const models::TrainConfig c = models::checkpoint_config(ck);
   STRATA_CHECK(c.task == "charlm", "strata generate: argument 'checkpoint': expected a charlm run, got task '", c.task, "'");
   const std::vector<int64_t> prompt = data::encode_chars(o.prompt.empty() ? std::string("\n") : o.prompt);
-  models::TrainedRun run = models::open_trained_run(std::move(ck));
+  models::TrainedRun run = models::open_trained_run(std::move(ck), "cpu");  // the decode caches are CPU-only
   auto* model = dynamic_cast<models::DecoderImpl*>(&run.task->model());
   STRATA_CHECK(model, "strata generate: the checkpoint's model is not a decoder");
   models::GenerateOptions g;

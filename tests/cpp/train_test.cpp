@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,6 +125,11 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   expect_error([] { parse_train_config(kConfig, "t.toml", "", {"steps"}); }, {"--set 'steps'", "key=value"});
   expect_error([] { parse_train_config("[modle]\nwidth = 3\n", "t.toml"); }, {"key 'modle.width'", "no such section"});
   expect_error([] { load_train_config("/nonexistent/x.toml"); }, {"/nonexistent/x.toml", "cannot be read"});
+  for (const char* bad : {"train.device=gpu", "train.device=cuda:", "train.device=cuda:x", "train.device=CPU"})
+    expect_error([&] { parse_train_config(kConfig, "t.toml", "", {bad}); },
+                 {"key 'train.device'", "\"cpu\" | \"cuda\" | \"cuda:N\""});
+  for (const char* good : {"train.device=cpu", "train.device=cuda", "train.device=cuda:1"})
+    EXPECT_NO_THROW(parse_train_config(kConfig, "t.toml", "", {good})) << good;
 }
 
 TEST(TrainConfig, ShippedConfigsParseAtEverySize) {
@@ -308,6 +314,11 @@ TEST(Trainer, NeverOverwritesAndRefusesAnotherConfig) {
   data::write_file_atomic(st, data::read_file(st, "t").substr(0, 100), "t");
   longer.train.steps += 2;
   expect_error([&] { train(longer, r); }, {st, "truncated"});
+  // A run may move between devices: train.device is not part of the config a resume compares.
+  TrainConfig moved = longer;
+  moved.train.device = "cuda:3";
+  if (::torch::cuda::device_count() < 4)
+    expect_error([&] { train(moved, r); }, {"key 'train.device'", "cuda:3"});  // the device check, not "differs"
   TempDir fresh;
   RunOptions nothing = quiet(fresh.path());
   nothing.resume = true;
