@@ -49,6 +49,12 @@ at::Tensor rand4(int64_t b, int64_t s, int64_t h, int64_t d, const std::string& 
   return layout == "bshd" ? at::randn({b, s, h, d}, o) : at::randn({b, h, s, d}, o);
 }
 
+// {q, k, v} of batch 2 (every case's batch; key padding masks and biases are drawn for it): q nq x hq x d, k nk x hkv x d, v nk x hkv x dv, in `layout`.
+std::vector<at::Tensor> qkv_of(int64_t nq, int64_t nk, int64_t hq, int64_t hkv, int64_t d, int64_t dv,
+                               const std::string& layout, at::ScalarType dt) {
+  return {rand4(2, nq, hq, d, layout, dt), rand4(2, nk, hkv, d, layout, dt), rand4(2, nk, hkv, dv, layout, dt)};
+}
+
 // Outputs and input gradients of fn over `inputs` (detached leaf copies; loss = sum(out * g), g
 // fixed by seed).
 std::vector<at::Tensor> out_and_grads(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
@@ -209,9 +215,8 @@ TEST(TorchOps, AttentionEqualsTheReferenceInFloat64) {
           st::AttentionArgs a;
           a.layout = layout;
           c.set(a, B, nq, nk);
-          const at::Tensor q = rand4(B, nq, h.q, 5, layout, at::kDouble), k = rand4(B, nk, h.kv, 5, layout, at::kDouble),
-                           v = rand4(B, nk, h.kv, 3, layout, at::kDouble);
-          expect_same_both_paths([&](const auto& t) { return st::attention(t[0], t[1], t[2], a); }, {q, k, v}, kTol64);
+          expect_same_both_paths([&](const auto& t) { return st::attention(t[0], t[1], t[2], a); },
+                                 qkv_of(nq, nk, h.q, h.kv, 5, 3, layout, at::kDouble), kTol64);
         }
 }
 
@@ -235,9 +240,8 @@ TEST(TorchOps, AttentionEqualsTheKernelInFloat32) {
   a.window_left = 5;
   a.num_global = 2;
   a.key_padding_mask = at::rand({2, 40}).gt(0.2);
-  const at::Tensor q = rand4(2, 40, 4, 16, "bshd", at::kFloat), k = rand4(2, 40, 2, 16, "bshd", at::kFloat),
-                   v = rand4(2, 40, 2, 16, "bshd", at::kFloat);
-  expect_same_both_paths([&](const auto& t) { return st::attention(t[0], t[1], t[2], a); }, {q, k, v}, kTol32);
+  expect_same_both_paths([&](const auto& t) { return st::attention(t[0], t[1], t[2], a); },
+                         qkv_of(40, 40, 4, 2, 16, 16, "bshd", at::kFloat), kTol32);
 }
 
 TEST(TorchOps, AttentionChecksAsTheKernelPath) {
@@ -268,20 +272,17 @@ TEST(TorchOps, PaperGswaEqualsTheReferenceInFloat64) {
     for (const Case c : {Case{1, 1, 1, 0, {}, {}}, Case{7, 7, 2, 2, {}, {}}, Case{97, 97, 3, 10, 0.4, {}},
                          Case{5, 11, 4, 3, {}, 0.9}, Case{11, 5, 1, 50, 1.5, 0.2}}) {
       SCOPED_TRACE(layout + " nq=" + std::to_string(c.nq) + " split=" + std::to_string(c.split));
-      const at::Tensor q = rand4(2, c.nq, 4, 5, layout, at::kDouble), k = rand4(2, c.nk, 2, 5, layout, at::kDouble),
-                       v = rand4(2, c.nk, 2, 3, layout, at::kDouble);
+      const std::vector<at::Tensor> qkv = qkv_of(c.nq, c.nk, 4, 2, 5, 3, layout, at::kDouble);
       expect_same_both_paths(
           [&](const auto& t) { return st::paper_gswa_attention(t[0], t[1], t[2], c.split, c.window, c.sa, c.sb, layout); },
-          {q, k, v}, kTol64);
+          qkv, kTol64);
     }
 }
 
 TEST(TorchOps, PaperGswaEqualsTheKernelInFloat32) {
   at::manual_seed(5);
-  const at::Tensor q = rand4(2, 33, 2, 16, "bshd", at::kFloat), k = rand4(2, 33, 2, 16, "bshd", at::kFloat),
-                   v = rand4(2, 33, 2, 16, "bshd", at::kFloat);
-  expect_same_both_paths([&](const auto& t) { return st::paper_gswa_attention(t[0], t[1], t[2], 8, 6); }, {q, k, v},
-                         kTol32);
+  expect_same_both_paths([&](const auto& t) { return st::paper_gswa_attention(t[0], t[1], t[2], 8, 6); },
+                         qkv_of(33, 33, 2, 2, 16, 16, "bshd", at::kFloat), kTol32);
 }
 
 // ---- MLR attention -------------------------------------------------------------------------------
@@ -332,9 +333,8 @@ TEST(TorchOps, MlrAttentionEqualsTheReferenceInFloat64) {
       c.set(a);
       int64_t D = 0;
       for (int64_t r : a.ranks) D += r;
-      const at::Tensor q = rand4(2, c.nq, c.hq, D, layout, at::kDouble),
-                       k = rand4(2, c.nk, c.hkv, D, layout, at::kDouble), v = rand4(2, c.nk, c.hkv, 3, layout, at::kDouble);
-      expect_same_both_paths([&](const auto& t) { return st::mlr_attention(t[0], t[1], t[2], a); }, {q, k, v}, kTol64);
+      const std::vector<at::Tensor> qkv = qkv_of(c.nq, c.nk, c.hq, c.hkv, D, 3, layout, at::kDouble);
+      expect_same_both_paths([&](const auto& t) { return st::mlr_attention(t[0], t[1], t[2], a); }, qkv, kTol64);
     }
 }
 
@@ -344,9 +344,8 @@ TEST(TorchOps, MlrAttentionEqualsTheKernelInFloat32) {
   a.ranks = {8, 4, 4};
   a.context = 48;
   a.level_average = true;
-  const at::Tensor q = rand4(2, 40, 4, 16, "bshd", at::kFloat), k = rand4(2, 40, 2, 16, "bshd", at::kFloat),
-                   v = rand4(2, 40, 2, 16, "bshd", at::kFloat);
-  expect_same_both_paths([&](const auto& t) { return st::mlr_attention(t[0], t[1], t[2], a); }, {q, k, v}, kTol32);
+  expect_same_both_paths([&](const auto& t) { return st::mlr_attention(t[0], t[1], t[2], a); },
+                         qkv_of(40, 40, 4, 2, 16, 16, "bshd", at::kFloat), kTol32);
 }
 
 TEST(TorchOps, MlrAttentionChecksAsTheKernelPath) {
@@ -403,6 +402,19 @@ std::vector<strata::StructuredSpec> structured_specs() {
           general_spec()};
 }
 
+// structured_linear(spec, x, factors) on both paths, factors N(0, scale^2) of x's dtype.
+void expect_structured_same_both_paths(const strata::StructuredSpec& spec, const at::Tensor& x, double scale,
+                                       double tol) {
+  std::vector<at::Tensor> inputs{x};
+  for (const auto& shape : strata::structured_factor_shapes(spec))
+    inputs.push_back(at::randn(shape, x.options()) * scale);
+  expect_same_both_paths(
+      [&](const std::vector<at::Tensor>& t) {
+        return st::structured_linear(spec, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
+      },
+      inputs, tol);
+}
+
 TEST(TorchOps, StructuredLinearEqualsTheReferenceInFloat64) {
   at::manual_seed(8);
   for (const strata::StructuredSpec& spec : structured_specs())
@@ -410,13 +422,7 @@ TEST(TorchOps, StructuredLinearEqualsTheReferenceInFloat64) {
       SCOPED_TRACE(spec.name + " rows " + std::to_string(lead.size()) + "-D");
       std::vector<int64_t> xs = lead;
       xs.push_back(spec.in);
-      std::vector<at::Tensor> inputs{at::randn(xs, at::kDouble)};
-      for (const auto& shape : strata::structured_factor_shapes(spec)) inputs.push_back(at::randn(shape, at::kDouble));
-      expect_same_both_paths(
-          [&](const std::vector<at::Tensor>& t) {
-            return st::structured_linear(spec, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
-          },
-          inputs, kTol64);
+      expect_structured_same_both_paths(spec, at::randn(xs, at::kDouble), 1.0, kTol64);
     }
 }
 
@@ -435,13 +441,7 @@ TEST(TorchOps, StructuredLinearNeverReadsFactorPadding) {
 TEST(TorchOps, StructuredLinearEqualsTheKernelInFloat32) {
   at::manual_seed(9);
   const strata::StructuredSpec spec = strata::btt_spec(strata::btt_factorize(64, 64), 2, 2);
-  std::vector<at::Tensor> inputs{at::randn({3, 10, 64})};
-  for (const auto& shape : strata::structured_factor_shapes(spec)) inputs.push_back(at::randn(shape) * 0.3);
-  expect_same_both_paths(
-      [&](const std::vector<at::Tensor>& t) {
-        return st::structured_linear(spec, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
-      },
-      inputs, kTol32);
+  expect_structured_same_both_paths(spec, at::randn({3, 10, 64}), 0.3, kTol32);
 }
 
 TEST(TorchOps, StructuredLinearChecksItsFactors) {
@@ -478,9 +478,8 @@ TEST(TorchOps, MonarchAttentionEqualsTheReferenceInFloat64) {
       a.pad = c.pad;
       a.scale = c.scale;
       a.layout = layout;
-      const at::Tensor q = rand4(2, c.n, c.hq, 5, layout, at::kDouble), k = rand4(2, c.n, c.hkv, 5, layout, at::kDouble),
-                       v = rand4(2, c.n, c.hkv, 3, layout, at::kDouble);
-      expect_same_both_paths([&](const auto& t) { return st::monarch_attention(t[0], t[1], t[2], a); }, {q, k, v},
+      const std::vector<at::Tensor> qkv = qkv_of(c.n, c.n, c.hq, c.hkv, 5, 3, layout, at::kDouble);
+      expect_same_both_paths([&](const auto& t) { return st::monarch_attention(t[0], t[1], t[2], a); }, qkv,
                              kTol64);
     }
 }
@@ -490,9 +489,8 @@ TEST(TorchOps, MonarchAttentionEqualsTheKernelInFloat32) {
   st::MonarchArgs a;
   a.num_steps = 2;
   a.block_size = 6;
-  const at::Tensor q = rand4(2, 40, 2, 16, "bshd", at::kFloat), k = rand4(2, 40, 2, 16, "bshd", at::kFloat),
-                   v = rand4(2, 40, 2, 16, "bshd", at::kFloat);
-  expect_same_both_paths([&](const auto& t) { return st::monarch_attention(t[0], t[1], t[2], a); }, {q, k, v}, kTol32);
+  expect_same_both_paths([&](const auto& t) { return st::monarch_attention(t[0], t[1], t[2], a); },
+                         qkv_of(40, 40, 2, 2, 16, 16, "bshd", at::kFloat), kTol32);
 }
 
 TEST(TorchOps, MonarchAttentionNamesWhatTheTorchOpsPathLacks) {
