@@ -48,7 +48,9 @@ at::Tensor from_heads_first(const at::Tensor& t, Layout l) { return heads_first(
 at::Tensor expand_heads(const at::Tensor& t, int64_t H) {
   const int64_t h = t.size(1);
   if (h == H) return t;
-  return t.unsqueeze(2).expand({t.size(0), h, H / h, t.size(2), t.size(3)}).reshape({t.size(0), H, t.size(2), t.size(3)});
+  return t.unsqueeze(2)
+      .expand({t.size(0), h, H / h, t.size(2), t.size(3)})
+      .reshape({t.size(0), H, t.size(2), t.size(3)});
 }
 
 // The logit scale as the kernels take it: given ones rounded to float32, else 1/sqrt(head_dim).
@@ -127,7 +129,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     // elsewhere, broadcast to both shapes. A row with no allowed key attends to every key with 0
     // (finite: no NaN in the backward) and is zeroed after.
     const at::Tensor row_ok = allowed.any(-1, /*keepdim=*/true);
-    at::Tensor mask = at::zeros(allowed.sizes(), q.options().requires_grad(false)).masked_fill(allowed.bitwise_not(), -kInf);
+    at::Tensor mask =
+        at::zeros(allowed.sizes(), q.options().requires_grad(false)).masked_fill(allowed.bitwise_not(), -kInf);
     if (bias.defined()) mask = mask + bias;
     mask = mask.masked_fill(row_ok.bitwise_not(), 0.0);
     out = at::scaled_dot_product_attention(qh, kh, vh, mask, 0.0, false, scale).masked_fill(row_ok.bitwise_not(), 0.0);
@@ -156,10 +159,12 @@ at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // seqs = batch with per-sequence segment lists, else 1 (broadcast over the batch).
   const int64_t first = std::min<int64_t>(0, Nk - Nq), count = Nk - first;
   at::Tensor starts = at::empty({std::max<int64_t>(d.batch, 1), L, count}, at::TensorOptions().dtype(at::kLong));
-  const int64_t seqs = mlr_block_starts(where, r.opt, d.head_dim, Nk, d.batch, first, count, starts.data_ptr<int64_t>());
+  const int64_t seqs =
+      mlr_block_starts(where, r.opt, d.head_dim, Nk, d.batch, first, count, starts.data_ptr<int64_t>());
   starts = starts.narrow(0, 0, seqs).to(dev);
   // same[s, l, i, j]: query i and key j share level l (seqs x L x seq_q x seq_k)
-  const at::Tensor same = starts.narrow(2, Nk - Nq - first, Nq).unsqueeze(-1).eq(starts.narrow(2, -first, Nk).unsqueeze(-2));
+  const at::Tensor same =
+      starts.narrow(2, Nk - Nq - first, Nq).unsqueeze(-1).eq(starts.narrow(2, -first, Nk).unsqueeze(-2));
 
   // S = sum over shared levels of c_l q_l . k_l  (batch x heads_q x seq_q x seq_k)
   const at::Tensor qh = heads_first(q, l), kh = expand_heads(heads_first(k, l), d.heads_q),
@@ -175,7 +180,7 @@ at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     off += rank;
   }
   const at::Tensor shared = same.sum(1, /*keepdim=*/false).unsqueeze(1);  // m(p_i, j): seqs x 1 x seq_q x seq_k
-  if (r.opt.level_average)  // S /= m, 0 where no level is shared
+  if (r.opt.level_average)                                                // S /= m, 0 where no level is shared
     scores = (scores / shared.clamp_min(1).to(scores.scalar_type())).masked_fill(shared.eq(0), 0.0);
   const auto [p, j] = positions(Nq, Nk, dev);
   at::Tensor allowed = r.opt.causal ? j.le(p).view({1, 1, Nq, Nk})
@@ -210,9 +215,8 @@ at::Tensor stage(const at::Tensor& x, int64_t n_in, int64_t n_out, int64_t p, co
     valid[k].narrow(0, 0, i1 - i0).narrow(1, 0, o1 - o0).fill_(true);
   }
   const at::Device dev = x.device();
-  const at::Tensor x_pad = at::cat({x, at::zeros({rows, 1}, x.options())}, 1)
-                               .index_select(1, in_idx.flatten().to(dev))
-                               .view({rows, p, mi});
+  const at::Tensor x_pad =
+      at::cat({x, at::zeros({rows, 1}, x.options())}, 1).index_select(1, in_idx.flatten().to(dev)).view({rows, p, mi});
   const at::Tensor w_read = wp.masked_fill(valid.to(dev).bitwise_not(), 0.0);
   return at::einsum("rpi,pio->rpo", {x_pad, w_read}).reshape({rows, p * mo}).index_select(1, out_idx.to(dev));
 }
@@ -228,7 +232,8 @@ at::Tensor structured_linear(const StructuredSpec& spec, const at::Tensor& x, co
   const char* where = "structured_linear";
   validate(where, spec);
   STRATA_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) == spec.in, where, "x",
-                   cat("a tensor (..., ", spec.in, ")"), x.defined() ? cat(x.sizes()) : std::string("an undefined tensor"));
+                   cat("a tensor (..., ", spec.in, ")"),
+                   x.defined() ? cat(x.sizes()) : std::string("an undefined tensor"));
   const TensorView xv = shape_view_of(x, where, "x", kReferenceDTypes);
   const auto shapes = structured_factor_shapes(spec);
   STRATA_CHECK_ARG(factors.size() == shapes.size(), where, "factors",
@@ -250,7 +255,8 @@ at::Tensor structured_linear(const StructuredSpec& spec, const at::Tensor& x, co
     if (lv.right.kind != StageKind::identity) z = stage(z, spec.in, lv.inner, lv.right.blocks, factors[fi++]);
     if (!lv.inner_perm.empty()) z = z.index_select(1, index_of(lv.inner_perm, x.device()));
     // The left factor is stored out x inner per chunk: transposed, it is the stage's in x out.
-    if (lv.left.kind != StageKind::identity) z = stage(z, lv.inner, spec.out, lv.left.blocks, factors[fi++].transpose(1, 2));
+    if (lv.left.kind != StageKind::identity)
+      z = stage(z, lv.inner, spec.out, lv.left.blocks, factors[fi++].transpose(1, 2));
     if (!lv.out_perm.empty()) z = z.index_select(1, index_of(lv.out_perm, x.device()));
     const at::Tensor term = lv.alpha == 1.0 ? z : z * lv.alpha;
     y = y.defined() ? y + term : term;
@@ -286,13 +292,14 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const at::Tensor qb = blocks(q), kb = blocks(k), vb = blocks(v);
   const at::Tensor pos = at::arange(P, real.dtype(at::kLong));
   const at::Tensor valid = pos.ge(front).bitwise_and(pos.lt(front + N)).reshape({M, B});  // token m*B+j is real
-  const at::Tensor key_ok = valid.reshape({1, M, 1, B});                                    // [k][.][i]
-  const at::Tensor w = valid.to(q.scalar_type()).t().reshape({1, B, M, 1});                // query weight at [j][l]
-  const at::Tensor qT = qb.transpose(1, 2);                                                 // [j][l] x D
+  const at::Tensor key_ok = valid.reshape({1, M, 1, B});                                  // [k][.][i]
+  const at::Tensor w = valid.to(q.scalar_type()).t().reshape({1, B, M, 1});               // query weight at [j][l]
+  const at::Tensor qT = qb.transpose(1, 2);                                               // [j][l] x D
   at::Tensor am = qb, c = at::ones({BH, M, B}, real);
   for (int64_t t = 0;; ++t) {
     // R-step: R_k[j, i] = softmax_i(sc * a[k,j].k_{kB+i} / c[k,j]) over block k's real keys.
-    const at::Tensor s = (at::matmul(am, kb.transpose(-1, -2)) * sc / c.unsqueeze(-1)).masked_fill(key_ok.bitwise_not(), -kInf);
+    const at::Tensor s =
+        (at::matmul(am, kb.transpose(-1, -2)) * sc / c.unsqueeze(-1)).masked_fill(key_ok.bitwise_not(), -kInf);
     const at::Tensor logR = at::log_softmax(s, -1), R = logR.exp();
     const at::Tensor al = (at::matmul(R, kb) * sc).transpose(1, 2);  // [j][k] x D
     // R log R with 0 log 0 = 0 (padded keys), without a NaN gradient through the -inf.

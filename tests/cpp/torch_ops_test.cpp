@@ -49,7 +49,8 @@ at::Tensor rand4(int64_t b, int64_t s, int64_t h, int64_t d, const std::string& 
   return layout == "bshd" ? at::randn({b, s, h, d}, o) : at::randn({b, h, s, d}, o);
 }
 
-// {q, k, v} of batch 2 (every case's batch; key padding masks and biases are drawn for it): q nq x hq x d, k nk x hkv x d, v nk x hkv x dv, in `layout`.
+// {q, k, v} of batch 2 (every case's batch; key padding masks and biases are drawn for it):
+// q nq x hq x d, k nk x hkv x d, v nk x hkv x dv, in `layout`.
 std::vector<at::Tensor> qkv_of(int64_t nq, int64_t nk, int64_t hq, int64_t hkv, int64_t d, int64_t dv,
                                const std::string& layout, at::ScalarType dt) {
   return {rand4(2, nq, hq, d, layout, dt), rand4(2, nk, hkv, d, layout, dt), rand4(2, nk, hkv, dv, layout, dt)};
@@ -140,7 +141,8 @@ TEST(TorchOps, TensorsOffTheCpuTakeTheTorchOpsPath) {
 // Entry points that stay CPU-only say so, naming the argument and its device.
 TEST(TorchOps, CpuOnlyEntryPointsNameTheArgumentAndDevice) {
   const auto meta = at::TensorOptions().device(at::kMeta);
-  const at::Tensor q = at::empty({1, 4, 2, 8}, meta), k = at::empty({1, 4, 2, 8}, meta), v = at::empty({1, 4, 2, 8}, meta);
+  const at::Tensor q = at::empty({1, 4, 2, 8}, meta), k = at::empty({1, 4, 2, 8}, meta),
+                   v = at::empty({1, 4, 2, 8}, meta);
   const std::vector<std::string> cpu_q{"argument 'q'", "a CPU tensor", "meta"};
   expect_error([&] { st::attention_forward(q, k, v, {}); }, cpu_q);
   st::MlrArgs m;
@@ -151,8 +153,11 @@ TEST(TorchOps, CpuOnlyEntryPointsNameTheArgumentAndDevice) {
   st::MlrDecodeCache cache(1, 2, 8, 16, m);
   expect_error([&] { cache.append(k, v); }, {"argument 'k'", "a CPU tensor", "meta"});
   expect_error([&] { cache.attend(at::empty({1, 1, 2, 8}, meta)); }, cpu_q);
-  expect_error([&] { st::structured_forward(strata::low_rank_spec(8, 8, 2), at::empty({2, 8}, meta), {}); },
-               {"argument 'x'", "a CPU tensor", "meta"});
+  expect_error(
+      [&] {
+        st::structured_forward(strata::low_rank_spec(8, 8, 2), at::empty({2, 8}, meta), {});
+      },
+      {"argument 'x'", "a CPU tensor", "meta"});
 }
 
 // ---- dense attention -----------------------------------------------------------------------------
@@ -168,11 +173,10 @@ std::vector<AttnCase> attention_cases() {
       {"causal", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.causal = true; }},
       {"scale", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.scale = 0.7; }},
       {"window", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.window_left = 3, a.window_right = 2; }},
-      {"causal window",
-       [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.causal = true, a.window_left = 2; }},
+      {"causal window", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.causal = true, a.window_left = 2; }},
       {"window 0 0", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.window_left = 0, a.window_right = 0; }},
-      {"globals",
-       [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.window_left = 1, a.window_right = 1, a.num_global = 2; }},
+      {"globals", [](st::AttentionArgs& a, int64_t, int64_t,
+                     int64_t) { a.window_left = 1, a.window_right = 1, a.num_global = 2; }},
       {"causal globals",
        [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.causal = true, a.window_left = 1, a.num_global = 3; }},
       {"key padding (rows with no key)",
@@ -182,7 +186,10 @@ std::vector<AttnCase> attention_cases() {
          m.narrow(1, 0, std::min<int64_t>(nk, 2)).fill_(false);
          a.key_padding_mask = m;
        }},
-      {"bias", [](st::AttentionArgs& a, int64_t, int64_t nq, int64_t nk) { a.bias = at::randn({nq, nk}, at::kFloat); }},
+      {"bias",
+       [](st::AttentionArgs& a, int64_t, int64_t nq, int64_t nk) {
+         a.bias = at::randn({nq, nk}, at::kFloat);
+       }},
       {"per-head float64 bias",
        [](st::AttentionArgs& a, int64_t b, int64_t nq, int64_t nk) {
          a.causal = true;
@@ -229,8 +236,10 @@ TEST(TorchOps, AttentionWithAnExpandedSharedQuery) {
   const at::Tensor q = at::randn({2, 9, 16}, at::kDouble), k = at::randn({2, 9, 3, 16}, at::kDouble),
                    v = at::randn({2, 9, 3, 4}, at::kDouble);
   expect_same_both_paths(
-      [&](const auto& t) { return st::attention(t[0].unsqueeze(2).expand({2, 9, 3, 16}), t[1], t[2], a); }, {q, k, v},
-      kTol64);
+      [&](const auto& t) {
+        return st::attention(t[0].unsqueeze(2).expand({2, 9, 3, 16}), t[1], t[2], a);
+      },
+      {q, k, v}, kTol64);
 }
 
 TEST(TorchOps, AttentionEqualsTheKernelInFloat32) {
@@ -274,7 +283,9 @@ TEST(TorchOps, PaperGswaEqualsTheReferenceInFloat64) {
       SCOPED_TRACE(layout + " nq=" + std::to_string(c.nq) + " split=" + std::to_string(c.split));
       const std::vector<at::Tensor> qkv = qkv_of(c.nq, c.nk, 4, 2, 5, 3, layout, at::kDouble);
       expect_same_both_paths(
-          [&](const auto& t) { return st::paper_gswa_attention(t[0], t[1], t[2], c.split, c.window, c.sa, c.sb, layout); },
+          [&](const auto& t) {
+            return st::paper_gswa_attention(t[0], t[1], t[2], c.split, c.window, c.sa, c.sb, layout);
+          },
           qkv, kTol64);
     }
 }
@@ -298,18 +309,42 @@ std::vector<MlrCase> mlr_cases() {
   return {
       {"one level", 7, 7, 2, 2, [](st::MlrArgs& a) { a.ranks = {5}; }},
       {"one level non-causal seq 1", 1, 1, 2, 2, [](st::MlrArgs& a) { a.ranks = {5}, a.causal = false; }},
-      {"default blocks", 97, 97, 2, 2, [](st::MlrArgs& a) { a.ranks = {2, 2, 1}; }},
-      {"default blocks GQA", 7, 7, 4, 2, [](st::MlrArgs& a) { a.ranks = {3, 2}; }},
-      {"context", 13, 13, 2, 1, [](st::MlrArgs& a) { a.ranks = {3, 1, 1}, a.context = 16; }},
-      {"block sizes (non-nested)", 29, 29, 2, 2, [](st::MlrArgs& a) { a.ranks = {2, 2, 1}, a.block_sizes = {12, 4, 6}; }},
+      {"default blocks", 97, 97, 2, 2,
+       [](st::MlrArgs& a) {
+         a.ranks = {2, 2, 1};
+       }},
+      {"default blocks GQA", 7, 7, 4, 2,
+       [](st::MlrArgs& a) {
+         a.ranks = {3, 2};
+       }},
+      {"context", 13, 13, 2, 1,
+       [](st::MlrArgs& a) {
+         a.ranks = {3, 1, 1}, a.context = 16;
+       }},
+      {"block sizes (non-nested)", 29, 29, 2, 2,
+       [](st::MlrArgs& a) {
+         a.ranks = {2, 2, 1}, a.block_sizes = {12, 4, 6};
+       }},
       {"averaging, non-causal", 21, 21, 2, 2,
-       [](st::MlrArgs& a) { a.ranks = {2, 2, 1}, a.block_sizes = {8, 4, 2}, a.level_average = true, a.causal = false; }},
+       [](st::MlrArgs& a) {
+         a.ranks = {2, 2, 1}, a.block_sizes = {8, 4, 2}, a.level_average = true, a.causal = false;
+       }},
       {"1/L, inv_sqrt_head_dim", 11, 11, 2, 2,
-       [](st::MlrArgs& a) { a.ranks = {4, 1}, a.divide_by_num_levels = true, a.scale = "inv_sqrt_head_dim"; }},
-      {"prefill (seq_q < seq_k)", 5, 12, 2, 2, [](st::MlrArgs& a) { a.ranks = {3, 2}, a.context = 8; }},
-      {"seq_q > seq_k (empty rows)", 12, 5, 2, 2, [](st::MlrArgs& a) { a.ranks = {3, 2}, a.context = 8; }},
+       [](st::MlrArgs& a) {
+         a.ranks = {4, 1}, a.divide_by_num_levels = true, a.scale = "inv_sqrt_head_dim";
+       }},
+      {"prefill (seq_q < seq_k)", 5, 12, 2, 2,
+       [](st::MlrArgs& a) {
+         a.ranks = {3, 2}, a.context = 8;
+       }},
+      {"seq_q > seq_k (empty rows)", 12, 5, 2, 2,
+       [](st::MlrArgs& a) {
+         a.ranks = {3, 2}, a.context = 8;
+       }},
       {"segments", 23, 23, 2, 2,
-       [seg](st::MlrArgs& a) { a.ranks = {2, 2, 1}, a.block_sizes = {0, 4, 2}, a.segment_starts = seg({5, 14}); }},
+       [seg](st::MlrArgs& a) {
+         a.ranks = {2, 2, 1}, a.block_sizes = {0, 4, 2}, a.segment_starts = seg({5, 14});
+       }},
       {"segments, cross-segment masked, averaged", 23, 23, 2, 2,
        [seg](st::MlrArgs& a) {
          a.ranks = {2, 2, 1}, a.context = 8, a.segment_starts = seg({5, 14}), a.mask_cross_segment = true;
@@ -317,7 +352,8 @@ std::vector<MlrCase> mlr_cases() {
        }},
       {"segments per sequence, non-causal", 17, 17, 2, 2,
        [seg](st::MlrArgs& a) {
-         a.ranks = {3, 2}, a.block_sizes = {0, 3}, a.segment_starts = seg({4, 9, 11}), a.segment_offsets = seg({0, 1, 3});
+         a.ranks = {3, 2}, a.block_sizes = {0, 3}, a.segment_starts = seg({4, 9, 11}),
+         a.segment_offsets = seg({0, 1, 3});
          a.causal = false, a.mask_cross_segment = true;
        }},
   };
@@ -433,7 +469,7 @@ TEST(TorchOps, StructuredLinearNeverReadsFactorPadding) {
   const at::Tensor x = at::randn({4, 7}, at::kDouble), w = at::randn({3, 3, 2}, at::kDouble);
   const at::Tensor want = at::matmul(x, st::structured_to_dense(spec, {w}).t());
   at::Tensor w_nan = w.clone();
-  w_nan[0][2].fill_(NAN);  // chunk 0 has 2 inputs: row 2 is padding
+  w_nan[0][2].fill_(NAN);            // chunk 0 has 2 inputs: row 2 is padding
   w_nan[0].select(1, 1).fill_(NAN);  // and 1 output: column 1 is padding
   EXPECT_LE(rel_err(st::structured_linear(spec, x, {w_nan}), want), kTol64);
 }
@@ -449,10 +485,16 @@ TEST(TorchOps, StructuredLinearChecksItsFactors) {
   const strata::StructuredSpec spec = strata::low_rank_spec(6, 4, 2);
   const at::Tensor x = at::randn({2, 6});
   expect_error([&] { st::structured_linear(spec, x, {at::randn({1, 6, 2})}); }, {"argument 'factors'", "2 tensors"});
-  expect_error([&] { st::structured_linear(spec, x, {at::randn({1, 6, 2}), at::randn({1, 4, 3})}); },
-               {"argument 'factors[1]'", "[1, 4, 2]"});
-  expect_error([&] { st::structured_linear(spec, at::randn({2, 5}), {at::randn({1, 6, 2}), at::randn({1, 4, 2})}); },
-               {"argument 'x'"});
+  expect_error(
+      [&] {
+        st::structured_linear(spec, x, {at::randn({1, 6, 2}), at::randn({1, 4, 3})});
+      },
+      {"argument 'factors[1]'", "[1, 4, 2]"});
+  expect_error(
+      [&] {
+        st::structured_linear(spec, at::randn({2, 5}), {at::randn({1, 6, 2}), at::randn({1, 4, 2})});
+      },
+      {"argument 'x'"});
 }
 
 // ---- MonarchAttention ----------------------------------------------------------------------------
@@ -479,8 +521,7 @@ TEST(TorchOps, MonarchAttentionEqualsTheReferenceInFloat64) {
       a.scale = c.scale;
       a.layout = layout;
       const std::vector<at::Tensor> qkv = qkv_of(c.n, c.n, c.hq, c.hkv, 5, 3, layout, at::kDouble);
-      expect_same_both_paths([&](const auto& t) { return st::monarch_attention(t[0], t[1], t[2], a); }, qkv,
-                             kTol64);
+      expect_same_both_paths([&](const auto& t) { return st::monarch_attention(t[0], t[1], t[2], a); }, qkv, kTol64);
     }
 }
 
@@ -526,11 +567,14 @@ TEST(TorchOps, BilinearModulesAreTheSameOnBothPaths) {
   at::manual_seed(13);
   const at::Tensor x = at::randn({2, 11, 16});
   st::BilinearBTTAttention btt(st::BilinearBTTAttentionOptions(16, 2).btt_rank(2).bias(true).x_layernorm(true));
-  expect_module_same_both_paths(*btt, [&](const at::Tensor& t) { return btt(t); }, x);
+  expect_module_same_both_paths(
+      *btt, [&](const at::Tensor& t) { return btt(t); }, x);
   st::BilinearMLRAttention bmlr(st::BilinearMLRAttentionOptions(16, 2, {4, 2, 2}).divide_by_num_levels(true));
-  expect_module_same_both_paths(*bmlr, [&](const at::Tensor& t) { return bmlr(t); }, x);
+  expect_module_same_both_paths(
+      *bmlr, [&](const at::Tensor& t) { return bmlr(t); }, x);
   st::BilinearBTTAttention btt_enc(st::BilinearBTTAttentionOptions(16, 4).causal(false).logit_scale("mup"));
-  expect_module_same_both_paths(*btt_enc, [&](const at::Tensor& t) { return btt_enc(t); }, x);
+  expect_module_same_both_paths(
+      *btt_enc, [&](const at::Tensor& t) { return btt_enc(t); }, x);
 }
 
 }  // namespace
