@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "binding_util.h"
+#include "options.h"
 #include "strata/error.h"
 
 namespace strata::torch {
@@ -20,9 +21,10 @@ QkvViews attention_views(const char* where, const at::Tensor& q, const at::Tenso
   return qkv_views(where, q, k, v, l, allowed, /*self_attention=*/false, HeadGroups::gqa_or_shared_q);
 }
 
-// Converts the user-facing arguments to core options (masks as views, no copies). q_dt: the dtype
-// of q, one of the bias's allowed dtypes.
-AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout l, DType q_dt) {
+}  // namespace
+
+AttentionOptions binding::attention_options(const char* where, const AttentionArgs& a, Layout l, DType q_dt,
+                                            bool any_device) {
   AttentionOptions o;
   if (a.scale.has_value()) {
     const double s = *a.scale;
@@ -36,9 +38,11 @@ AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout 
   o.num_global = a.num_global;
   o.layout = l;
   if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
-    o.key_padding_mask = binding::mask_view_of(*a.key_padding_mask, where, "key_padding_mask");
+    o.key_padding_mask = binding::mask_view_of(*a.key_padding_mask, where, "key_padding_mask", any_device);
   if (a.bias.has_value() && a.bias->defined()) {
-    TensorView b = view_of(*a.bias, where, "bias", q_dt == DType::f32 ? DTypes{DType::f32} : DTypes{DType::f32, q_dt});
+    const DTypes bias_dtypes = q_dt == DType::f32 ? DTypes{DType::f32} : DTypes{DType::f32, q_dt};
+    TensorView b = any_device ? shape_view_of(*a.bias, where, "bias", bias_dtypes)
+                              : view_of(*a.bias, where, "bias", bias_dtypes);
     if (b.ndim < 4) {  // torch broadcasting: missing leading dims are size 1 (stride 0)
       const int shift = 4 - b.ndim;
       for (int i = 3; i >= 0; --i) {
@@ -52,14 +56,13 @@ AttentionOptions make_options(const char* where, const AttentionArgs& a, Layout 
   return o;
 }
 
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& v, const AttentionArgs& a) {
   const char* where = "attention_forward";
   const Layout l = parse_layout(where, a.layout);
   const QkvViews in = attention_views(where, q, k, v, l, kKernelDTypes);
-  const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
+  const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
   const AttnDims& d = in.d;
   // out: batch x seq_q x H x head_dim_v (in q's layout and memory order); lse: batch x H x seq_q;
   // H = max(heads_q, heads_kv)
@@ -77,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   const QkvViews in = attention_views(where, q, k, v, l, kKernelDTypes);
   const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
   const TensorView gv = view_of(dout, where, "dout");
-  const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
+  const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v (empty_like: contiguous for an overlapping
   // input such as an expand()ed q, whose heads each get their own dq; autograd sums them)
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
@@ -91,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor&
   const char* where = "reference_attention_forward";
   const Layout l = parse_layout(where, a.layout);
   const QkvViews in = attention_views(where, q, k, v, l, kReferenceDTypes);
-  const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
+  const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
   const AttnDims& d = in.d;
   validate(where, opt, d);
   at::Tensor out = empty_reference_out(l, d.batch, d.seqlen_q, d.heads(), d.head_dim_v);
@@ -106,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reference_attention_backward(
   const char* where = "reference_attention_backward";
   const Layout l = parse_layout(where, a.layout);
   const QkvViews in = attention_views(where, q, k, v, l, kReferenceDTypes);
-  const AttentionOptions opt = make_options(where, a, l, in.q.dtype);
+  const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
   const AttnDims& d = in.d;
   validate(where, opt, d);
   const TensorView gv = view_of(dout, where, "dout", DTypes{in.q.dtype}, " (same as q)");

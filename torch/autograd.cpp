@@ -1,7 +1,8 @@
 // torch/autograd.cpp: differentiable attention for LibTorch. AttentionFunction is a
 // torch::autograd::Function whose forward runs attention_forward (saving out and lse) and whose
 // backward runs attention_backward; float64 inputs take the double-precision reference on both
-// passes so that gradcheck sees exact math. paper_gswa_attention composes two of them.
+// passes so that gradcheck sees exact math. paper_gswa_attention composes two of them. Both route
+// to the torch-ops path (strata/torch/torch_ops.h) off the CPU or with the switch on.
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
@@ -9,7 +10,9 @@
 
 #include "binding_util.h"
 #include "strata/error.h"
+#include "options.h"
 #include "strata/torch/attention.h"
+#include "strata/torch/torch_ops.h"
 
 namespace strata::torch {
 namespace {
@@ -81,24 +84,25 @@ struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction>
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionArgs& a) {
-  // q's dtype first, with this function's list (the kernel's own check would omit float64).
-  view_of(q, "attention", "q", kReferenceDTypes);
   // A bias that wants a gradient would silently get none: refuse it while grad mode is on.
   STRATA_CHECK_ARG(!(a.bias.has_value() && a.bias->defined() && a.bias->requires_grad() &&
                      at::GradMode::is_enabled()),
                    "attention", "bias",
                    "a tensor that does not require grad (strata computes no bias gradient; pass bias.detach())",
                    "requires_grad=True");
+  if (takes_torch_ops(q)) return torch_ops::attention(q, k, v, a);
+  // q's dtype first, with this function's list (the kernel's own check would omit float64).
+  view_of(q, "attention", "q", kReferenceDTypes);
   return AttentionFunction::apply(q, k, v, a);
 }
 
-at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
-                                int64_t window, std::optional<double> scale_a, std::optional<double> scale_b,
-                                const std::string& layout) {
+at::Tensor binding::paper_gswa_of(AttentionFn attend, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  int64_t split_a, int64_t window, std::optional<double> scale_a,
+                                  std::optional<double> scale_b, const std::string& layout) {
   const char* where = "paper_gswa_attention";
   STRATA_CHECK_ARG(q.defined() && q.dim() == 4, where, "q", "a 4-D tensor",
                    q.defined() ? detail::cat(q.dim(), "-D ", q.sizes()) : std::string("an undefined tensor"));
-  view_of(q, where, "q", kReferenceDTypes);
+  shape_view_of(q, where, "q", kReferenceDTypes);  // q's dtype first (either path checks the device)
   STRATA_CHECK_ARG(k.defined() && k.dim() == 4, where, "k", "a 4-D tensor",
                    k.defined() ? detail::cat(k.dim(), "-D ", k.sizes()) : std::string("an undefined tensor"));
   const int64_t D = q.size(3);
@@ -119,8 +123,15 @@ at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const 
   local.window_left = window;
   local.window_right = 0;
   // O = P_a V + P_b V (probabilities added, not renormalised; v shared)
-  return attention(q.narrow(3, 0, split_a), k.narrow(3, 0, split_a), v, global) +
-         attention(q.narrow(3, split_a, D - split_a), k.narrow(3, split_a, D - split_a), v, local);
+  return attend(q.narrow(3, 0, split_a), k.narrow(3, 0, split_a), v, global) +
+         attend(q.narrow(3, split_a, D - split_a), k.narrow(3, split_a, D - split_a), v, local);
+}
+
+at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
+                                int64_t window, std::optional<double> scale_a, std::optional<double> scale_b,
+                                const std::string& layout) {
+  if (takes_torch_ops(q)) return torch_ops::paper_gswa_attention(q, k, v, split_a, window, scale_a, scale_b, layout);
+  return binding::paper_gswa_of(&attention, q, k, v, split_a, window, scale_a, scale_b, layout);
 }
 
 }  // namespace strata::torch

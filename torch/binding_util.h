@@ -48,12 +48,13 @@ inline QkvViews qkv_views(const char* where, const at::Tensor& q, const at::Tens
   return r;
 }
 
-// A boolean mask (bool or uint8, nonzero = allowed) as a uint8 view.
-inline TensorView mask_view_of(const at::Tensor& t, const char* where, const char* arg) {
+// A boolean mask (bool or uint8, nonzero = allowed) as a uint8 view; any_device: a shape_view_of
+// (for the torch-ops path's checks), else a CPU view.
+inline TensorView mask_view_of(const at::Tensor& t, const char* where, const char* arg, bool any_device = false) {
   STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
   STRATA_CHECK_ARG(t.scalar_type() == at::kBool || t.scalar_type() == at::kByte, where, arg, "dtype bool or uint8",
                    torch_dtype_name(t));
-  return view_of(t, where, arg);
+  return any_device ? shape_view_of(t, where, arg, DTypes{DType::u8}, " (or bool)") : view_of(t, where, arg);
 }
 
 // A view carrying only t's sizes and strides (dtype f32, a placeholder data pointer that is never

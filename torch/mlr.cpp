@@ -12,7 +12,9 @@
 #include <cstring>
 
 #include "binding_util.h"
+#include "options.h"
 #include "strata/error.h"
+#include "strata/torch/torch_ops.h"
 
 namespace strata::torch {
 namespace {
@@ -23,31 +25,26 @@ using binding::qkv_views;
 using binding::sizes_in;
 using binding::torch_dtype_name;
 
-// MlrOptions and the int64 tensors its segment pointers point into (contiguous copies where the
-// caller's were not); valid while this object lives.
-struct ResolvedOptions {
-  MlrOptions opt;
-  at::Tensor segment_starts, segment_offsets;
-};
-
 // A defined optional tensor, or an undefined one.
 at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? *t : at::Tensor();
 }
 
-// Checks that t is a 1-D int64 CPU tensor; returns it contiguous.
-at::Tensor int64_list(const char* where, const char* arg, const at::Tensor& t) {
-  STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", cat("a tensor on ", t.device().str()));
+// Checks that t is a 1-D int64 tensor (on the CPU unless any_device); returns it contiguous on the CPU.
+at::Tensor int64_list(const char* where, const char* arg, const at::Tensor& t, bool any_device) {
+  if (!any_device)
+    STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", cat("a tensor on ", t.device().str()));
   STRATA_CHECK_ARG(t.layout() == at::kStrided, where, arg, "a strided (dense) tensor", cat("layout ", t.layout()));
   STRATA_CHECK_ARG(t.dim() == 1, where, arg, "a 1-D tensor", cat(t.dim(), "-D ", t.sizes()));
   STRATA_CHECK_ARG(t.scalar_type() == at::kLong, where, arg, "dtype int64", torch_dtype_name(t));
-  return t.contiguous();
+  return t.to(at::kCPU).contiguous();
 }
 
-// Converts the user-facing arguments to core options. batch: q's batch (the length
-// segment_offsets must have, minus one). Value checks (ranks, blocks, segments) are the core's.
-ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int64_t batch) {
-  ResolvedOptions r;
+}  // namespace
+
+binding::MlrResolved binding::mlr_options(const char* where, const MlrArgs& a, Layout l, int64_t batch,
+                                          bool any_device) {
+  MlrResolved r;
   MlrOptions& o = r.opt;
   const int64_t L = int64_t(a.ranks.size());
   STRATA_CHECK_ARG(L >= 1 && L <= MlrOptions::kMaxLevels, where, "ranks",
@@ -59,12 +56,12 @@ ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int6
   std::copy(a.block_sizes.begin(), a.block_sizes.end(), o.block_sizes);
   o.context = a.context;
   if (const at::Tensor s = defined_or_empty(a.segment_starts); s.defined()) {
-    r.segment_starts = int64_list(where, "segment_starts", s);
+    r.segment_starts = int64_list(where, "segment_starts", s, any_device);
     o.segment_starts = r.segment_starts.numel() > 0 ? r.segment_starts.data_ptr<int64_t>() : nullptr;
     o.num_segment_starts = r.segment_starts.numel();
   }
   if (const at::Tensor s = defined_or_empty(a.segment_offsets); s.defined()) {
-    r.segment_offsets = int64_list(where, "segment_offsets", s);
+    r.segment_offsets = int64_list(where, "segment_offsets", s, any_device);
     STRATA_CHECK_ARG(r.segment_offsets.numel() == batch + 1, where, "segment_offsets",
                      cat(batch + 1, " offsets (batch + 1)"), cat(r.segment_offsets.numel(), " offsets"));
     o.segment_offsets = r.segment_offsets.data_ptr<int64_t>();
@@ -82,6 +79,15 @@ ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int6
   o.causal = a.causal;
   o.layout = l;
   return r;
+}
+
+namespace {
+
+using ResolvedOptions = binding::MlrResolved;
+
+// The kernels' and the reference's conversion (CPU tensors only).
+ResolvedOptions make_options(const char* where, const MlrArgs& a, Layout l, int64_t batch) {
+  return binding::mlr_options(where, a, l, batch);
 }
 
 // ---- autograd ----------------------------------------------------------------------------------
@@ -185,6 +191,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
 }
 
 at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a) {
+  if (takes_torch_ops(q)) return torch_ops::mlr_attention(q, k, v, a);  // before the CPU-only checks
   return MlrFunction::apply(q, k, v, a);
 }
 
@@ -247,16 +254,18 @@ void MlrDecodeCache::append(const at::Tensor& k, const at::Tensor& v) {
   STRATA_CHECK_ARG(v.dim() == 4 && v.size(1) == k.size(1), where, "v", cat("batch x ", k.size(1), " x heads_kv x head_dim_v"),
                    v.sizes());
   const std::vector<int64_t> n_new(size_t(batch_), k.size(1));
-  cache_->append(view_of(k, where, "k"), view_of(v, where, "v"), n_new.data());
+  const TensorView kv = view_of(k, where, "k"), vv = view_of(v, where, "v");  // k's errors first
+  cache_->append(kv, vv, n_new.data());
 }
 
 at::Tensor MlrDecodeCache::attend(const at::Tensor& q) const {
   const char* where = "MlrDecodeCache::attend";
   STRATA_CHECK_ARG(q.dim() == 4 && q.size(0) == batch_ && q.size(1) == 1, where, "q",
                    cat("batch ", batch_, " x 1 x heads_q x head_dim"), q.sizes());
+  const TensorView qv = view_of(q, where, "q");  // q's errors (a CPU tensor) before the outputs'
   at::Tensor o = at::empty({q.size(0), 1, q.size(2), head_dim_v_}, q.options());
   at::Tensor lse = at::empty({q.size(0), q.size(2), 1}, q.options().dtype(at::kFloat));
-  cache_->attend(view_of(q, where, "q"), view_of(o, where, "o"), view_of(lse, where, "lse"));
+  cache_->attend(qv, view_of(o, where, "o"), view_of(lse, where, "lse"));
   return o;
 }
 

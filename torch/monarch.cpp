@@ -10,7 +10,9 @@
 #include <cmath>
 
 #include "binding_util.h"
+#include "options.h"
 #include "strata/error.h"
+#include "strata/torch/torch_ops.h"
 
 namespace strata::torch {
 namespace {
@@ -22,8 +24,9 @@ using binding::sizes_in;
 
 constexpr int64_t kMaxSteps = 1024;  // num_steps bound (see make_options)
 
-// Converts the user-facing arguments to core options (the mask as a view, no copy).
-MonarchOptions make_options(const char* where, const MonarchArgs& a) {
+}  // namespace
+
+MonarchOptions binding::monarch_options(const char* where, const MonarchArgs& a, bool any_device) {
   MonarchOptions o;
   o.num_steps = a.num_steps;
   o.block_size = a.block_size;
@@ -42,9 +45,14 @@ MonarchOptions make_options(const char* where, const MonarchArgs& a) {
     o.scale = float(s);
   }
   if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
-    o.key_padding_mask = binding::mask_view_of(*a.key_padding_mask, where, "key_padding_mask");
+    o.key_padding_mask = binding::mask_view_of(*a.key_padding_mask, where, "key_padding_mask", any_device);
   return o;
 }
+
+namespace {
+
+// The kernels' and the reference's conversion (a CPU mask only).
+MonarchOptions make_options(const char* where, const MonarchArgs& a) { return binding::monarch_options(where, a); }
 
 // q, k, v as views checked by the core (self-attention), and the options validated for them.
 QkvViews checked_views(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -189,6 +197,7 @@ struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
 }  // namespace
 
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MonarchArgs& a) {
+  if (takes_torch_ops(q)) return torch_ops::monarch_attention(q, k, v, a);
   // q's dtype first, with this function's list (the kernel's own check would omit float64).
   STRATA_CHECK_ARG(q.defined(), "monarch_attention", "q", "a defined tensor", "an undefined tensor");
   view_of(q, "monarch_attention", "q", kReferenceDTypes);  // q's dtype first, with this function's list

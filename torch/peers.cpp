@@ -9,6 +9,7 @@
 #include "strata/mlr.h"
 #include "strata/monarch.h"
 #include "strata/torch/attention.h"  // view_of
+#include "strata/torch/torch_ops.h"
 
 namespace strata::torch::peers {
 namespace {
@@ -67,45 +68,14 @@ at::Tensor mlr_blockwise_attention(const at::Tensor& q, const at::Tensor& k, con
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t num_steps,
                              int64_t block_size) {
   const char* where = "peers::monarch_attention";
-  const AttnDims d = check_inputs(where, q, k, v);
+  check_inputs(where, q, k, v);
   STRATA_CHECK_ARG(num_steps >= 1, where, "num_steps", ">= 1", num_steps);
   STRATA_CHECK_ARG(block_size >= 0, where, "block_size", ">= 1, or 0 for floor(sqrt(seq))", block_size);
-  MonarchOptions opt;
-  opt.block_size = block_size;
-  const MonarchGeometry g = monarch_geometry(d.seqlen_q, opt);
-  const int64_t BH = d.batch * d.heads_q, N = d.seqlen_q, B = g.block_size, M = g.num_blocks, P = g.padded_len;
-  const double sc = 1.0 / std::sqrt(double(d.head_dim));
-  const at::TensorOptions real = q.options().requires_grad(false);
-  // Index names as strata/monarch.h: block k / l, offset j / i. a, c are indexed [k][j]; al, cl, L [j][...].
-  const auto blocks = [&](const at::Tensor& x) {  // BH x M x B x dim, zero-padded at the end
-    at::Tensor y = x.reshape({BH, N, x.size(3)});
-    if (P > N) y = at::constant_pad_nd(y, {0, 0, 0, P - N});
-    return y.reshape({BH, M, B, x.size(3)});
-  };
-  const at::Tensor qb = blocks(q), kb = blocks(k), vb = blocks(v);
-  const at::Tensor valid = (at::arange(P, real.dtype(at::kLong)) < N).reshape({M, B});  // token m*B+j is real
-  const at::Tensor key_ok = valid.reshape({1, M, 1, B});                                  // [k][.][i]
-  const at::Tensor w = valid.to(q.scalar_type()).t().reshape({1, B, M, 1});              // query weight at [j][l]
-  const at::Tensor qT = qb.transpose(1, 2);                                               // [j][l] x D
-  at::Tensor a = qb, c = at::ones({BH, M, B}, real);
-  for (int64_t t = 0;; ++t) {
-    // R-step: R_k[j, i] = softmax_i(sc * a[k,j].k_{kB+i} / c[k,j]) over block k's real keys.
-    const at::Tensor s = (at::matmul(a, kb.transpose(-1, -2)) * sc / c.unsqueeze(-1))
-                             .masked_fill(key_ok.logical_not(), -std::numeric_limits<double>::infinity());
-    const at::Tensor logR = at::log_softmax(s, -1), R = logR.exp();
-    const at::Tensor al = (at::matmul(R, kb) * sc).transpose(1, 2);  // [j][k] x D
-    // R log R with 0 log 0 = 0 (padded keys), without a NaN gradient through the -inf.
-    const at::Tensor cl = (R * at::where(key_ok, logR, at::zeros_like(logR))).sum(-1).transpose(1, 2);  // [j][k]
-    // L-step: L_j[l, k] = softmax_k(q_{lB+j}.al[j,k] - cl[j,k]).
-    const at::Tensor L = at::softmax(at::matmul(qT, al.transpose(-1, -2)) - cl.unsqueeze(-2), -1);  // [j][l][k]
-    if (t + 1 == num_steps) {
-      const at::Tensor y = at::matmul(R, vb).transpose(1, 2);  // [j][k] x Dv
-      return at::matmul(L, y).transpose(1, 2).reshape({d.batch, d.heads_q, P, d.head_dim_v}).narrow(2, 0, N);
-    }
-    const at::Tensor Lw = L * w;
-    a = at::matmul(Lw.transpose(-1, -2), qT).transpose(1, 2);  // [k][j] x D
-    c = Lw.sum(-2).transpose(1, 2);                            // [k][j]
-  }
+  MonarchArgs a;  // stable mode, post-padding, 1/sqrt(head_dim), no mask: the published algorithm
+  a.num_steps = num_steps;
+  a.block_size = block_size;
+  a.layout = "bhsd";
+  return torch_ops::monarch_attention(q, k, v, a);
 }
 
 }  // namespace strata::torch::peers

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "binding_util.h"
+#include "strata/torch/torch_ops.h"
 
 namespace strata::torch {
 namespace {
@@ -231,6 +232,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> structured_backward(const Struct
 }
 
 at::Tensor structured_linear(const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors) {
+  if (takes_torch_ops(x)) return torch_ops::structured_linear(spec, x, factors);
   const char* where = "structured_linear";
   validate(where, spec);
   STRATA_CHECK_ARG(x.defined(), where, "x", "a defined tensor", "an undefined tensor");

@@ -33,26 +33,39 @@ TensorView view_of(const at::Tensor& t, const char* where, const char* arg) {
   return view_of(t, where, arg, DTypes{DType::f32, DType::bf16, DType::f64, DType::u8}, " (or bool)");
 }
 
-TensorView view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed, const char* note) {
+// view_of's checks (the device's only when `on_cpu`) and the view.
+static TensorView checked_view(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
+                        const char* note, bool on_cpu) {
   STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
   TensorView v;
   const bool representable = dtype_of(t.scalar_type(), &v.dtype);
   STRATA_CHECK_ARG(representable && allowed.has(v.dtype), where, arg, detail::cat("dtype ", allowed.names(), note),
                    torch_dtype_name(t));
-  STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", detail::cat("a tensor on ", t.device().str()));
+  if (on_cpu)
+    STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", detail::cat("a tensor on ", t.device().str()));
   STRATA_CHECK_ARG(t.layout() == at::kStrided, where, arg, "a strided (dense) tensor",
                    detail::cat("layout ", t.layout()));
   STRATA_CHECK_ARG(!t.is_neg(), where, arg, "a tensor without a lazy negation bit (call resolve_neg())",
                    "a negative view");
   STRATA_CHECK_ARG(t.dim() <= TensorView::kMaxDims, where, arg,
                    detail::cat("at most ", TensorView::kMaxDims, " dims"), t.dim());
-  v.data = t.numel() == 0 ? nullptr : t.data_ptr();
+  static double placeholder;  // shape_view_of's data: never read
+  v.data = !on_cpu ? static_cast<void*>(&placeholder) : t.numel() == 0 ? nullptr : t.data_ptr();
   v.ndim = int(t.dim());
   for (int i = 0; i < v.ndim; ++i) {
     v.shape[i] = t.size(i);
     v.stride[i] = t.stride(i);
   }
   return v;
+}
+
+TensorView view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed, const char* note) {
+  return checked_view(t, where, arg, allowed, note, /*on_cpu=*/true);
+}
+
+TensorView shape_view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
+                         const char* note) {
+  return checked_view(t, where, arg, allowed, note, /*on_cpu=*/false);
 }
 
 }  // namespace strata::torch

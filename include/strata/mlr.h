@@ -117,6 +117,17 @@ void validate(const char* where, const MlrOptions& opt, const AttnDims& d);
 // c_l of level l (0-based): 1/r_l or 1/sqrt(head_dim), times 1/L with divide_by_num_levels.
 double mlr_level_scale(const MlrOptions& opt, int l, int64_t head_dim);
 
+// The block geometry as data (for code that forms the scores from it, e.g. the LibTorch layer's
+// torch-ops path): the start of the level-l block (strata/mlr.h "Blocks") holding each position
+// first .. first + count - 1, per sequence, as the kernel resolves it:
+//   starts[(s * num_levels + l) * count + i],  l = 0..L-1, s < the returned number of sequences
+// (batch with per-sequence segment lists, else 1: the geometry is the batch's). Two positions share
+// level l iff their starts agree (each level's blocks are disjoint intervals). Positions below 0
+// (queries when seqlen_q > seqlen_k) share no level with any key in segment mode. Validates opt for
+// (head_dim, seqlen_k, batch) as validate() does; `starts` holds batch * num_levels * count values.
+int64_t mlr_block_starts(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k,
+                         int64_t batch, int64_t first, int64_t count, int64_t* starts);
+
 // Forward: writes o and lse.
 void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse, const MlrOptions& opt);

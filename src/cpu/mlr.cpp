@@ -50,6 +50,20 @@ double mlr_level_scale(const MlrOptions& opt, int l, int64_t head_dim) {
   return opt.divide_by_num_levels ? c / opt.num_levels : c;
 }
 
+int64_t mlr_block_starts(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k,
+                         int64_t batch, int64_t first, int64_t count, int64_t* starts) {
+  STRATA_CHECK_ARG(count >= 0, where, "count", ">= 0", count);
+  const cpu::MlrLevels all = cpu::resolve_mlr_levels(where, opt, head_dim, seqlen_k, batch);
+  const int64_t sequences = opt.segment_offsets != nullptr ? batch : 1;
+  const int L = all.num_levels;
+  for (int64_t s = 0; s < sequences; ++s) {
+    const cpu::MlrLevels lv = all.for_batch(s);
+    for (int l = 0; l < L; ++l)
+      for (int64_t i = 0; i < count; ++i) starts[(s * L + l) * count + i] = lv.at(l + 1, first + i).start;
+  }
+  return sequences;
+}
+
 void validate(const char* where, const MlrOptions& opt, const AttnDims& d) {
   STRATA_CHECK_ARG(opt.scale == MlrScale::inv_rank || opt.scale == MlrScale::inv_sqrt_head_dim, where, "scale",
                    "inv_rank or inv_sqrt_head_dim", int(opt.scale));

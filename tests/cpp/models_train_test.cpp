@@ -3,7 +3,8 @@
 // shapes of every model with every attention kind, causality, gradients of every kind inside a
 // tiny model against float64 finite differences (and the float32 kernels against float64), muP
 // roles and inits, FLOP and parameter counts against counts written here independently, clone,
-// and the mlr / sdpa layers against their references (MLRAttention, mha).
+// and the mlr / sdpa layers against their references (MLRAttention, mha); every kind on the
+// torch-ops path (what CUDA runs) against the kernels' path.
 //
 // Tolerances:
 //   finite differences (float64 model, central differences, step 1e-6): |fd - grad| <= 1e-6 *
@@ -350,6 +351,30 @@ TEST(Models, SdpaLayerMatchesMha) {
       randomize(*sdpa, 32);
       const at::Tensor x = at::randn({2, 12, 16});
       EXPECT_LE(rel_err(sdpa(x), mha(x)), 1e-5) << scale << " causal " << causal;  // fp32 round-off
+    }
+}
+
+// The torch-ops path (strata/torch/torch_ops.h: what a CUDA device runs) gives every kind's layer
+// the forward and parameter gradients of the kernels' path, fp32 on both: 2e-4 normwise (gradients
+// against the largest, param_grad_errs: k's LayerNorm bias has a zero gradient by symmetry), for the
+// kernels' and ATen's fp32 round-off (~1e-5 through the projections, QK-LayerNorm, softmax and the
+// structured transforms); a path computing something else is O(1e-2) off or more.
+TEST(Models, EveryKindIsTheSameOnTheTorchOpsPath) {
+  for (const bool causal : {true, false})
+    for (const std::string& spec : causal ? kCausalSpecs : kEncoderSpecs) {
+      SCOPED_TRACE(spec + (causal ? " causal" : " encoder"));
+      sm::AttentionGeometry g{16, 2, 16, causal, true, true};
+      sm::SelfAttention layer(sm::parse_layer_attention(spec), g);
+      randomize(*layer, 41);
+      at::manual_seed(42);
+      const at::Tensor x = at::randn({2, 16, 16}), w = at::randn({2, 16, 16});
+      const auto fwd = [&](const at::Tensor& t) { return layer(t); };
+      const auto [want, got] =
+          strata::test::on_both_paths([&] { return strata::test::out_and_param_grads(*layer, fwd, x, w); });
+      EXPECT_LE(rel_err(got[0], want[0]), 2e-4) << "out";
+      const auto names = layer->named_parameters().keys();
+      const std::vector<double> errs = strata::test::param_grad_errs(got, want);
+      for (size_t i = 0; i < errs.size(); ++i) EXPECT_LE(errs[i], 2e-4) << "grad of " << names[i];
     }
 }
 

@@ -3,13 +3,16 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/error.h"
+#include "strata/torch/torch_ops.h"
 
 namespace strata::test {
 
@@ -38,6 +41,46 @@ std::vector<at::Tensor> out_and_grads(Fn fn, const at::Tensor& q0, const at::Ten
   const at::Tensor out = fn(q, k, v);
   const auto grads = ::torch::autograd::grad({out}, {q, k, v}, {g.to(out.scalar_type())});
   return {out.detach(), grads[0], grads[1], grads[2]};
+}
+
+// {out, then the gradient of every parameter of m (zeros where none)} of loss = sum(fwd(x) * w),
+// from zeroed gradients.
+template <class Fwd>
+std::vector<at::Tensor> out_and_param_grads(::torch::nn::Module& m, Fwd fwd, const at::Tensor& x, const at::Tensor& w) {
+  m.zero_grad();
+  const at::Tensor y = fwd(x);
+  (y * w).sum().backward();
+  std::vector<at::Tensor> r{y.detach()};
+  for (const auto& p : m.named_parameters())
+    r.push_back(p.value().grad().defined() ? p.value().grad().clone() : at::zeros_like(p.value()));
+  return r;
+}
+
+// rel_err of each parameter gradient (entries 1.. of out_and_param_grads) against the LARGEST one
+// of `want`'s: some gradients are zero up to round-off by symmetry (a bias added to every key
+// shifts each softmax row by a constant), where an error relative to their own size is noise.
+inline std::vector<double> param_grad_errs(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+  double scale = 0;
+  for (size_t i = 1; i < want.size(); ++i) scale = std::max(scale, want[i].abs().max().item<double>());
+  std::vector<double> e;
+  for (size_t i = 1; i < want.size() && i < got.size(); ++i) e.push_back(rel_err(got[i], want[i], scale));
+  return e;
+}
+
+// f() with strata::torch::use_torch_ops off, then on (restored after): {the kernels' path, the
+// torch-ops path}.
+template <class F>
+auto on_both_paths(F f) -> std::pair<decltype(f()), decltype(f())> {
+  decltype(f()) kernels, torch_ops;
+  {
+    ::strata::torch::UseTorchOps off(false);
+    kernels = f();
+  }
+  {
+    ::strata::torch::UseTorchOps on(true);
+    torch_ops = f();
+  }
+  return {kernels, torch_ops};
 }
 
 // The message of the strata::Error fn throws ("" if it throws none).

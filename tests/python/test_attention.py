@@ -397,7 +397,8 @@ ERROR_CASES = {
     "k_head_dim": (lambda q, k, v: strata.attention(q, k[..., :7], v), "argument 'k': expected"),
     "v_dtype": (lambda q, k, v: strata.attention_forward(q, k, v.bfloat16()), "argument 'v': expected dtype float32"),
     "q_3d": (lambda q, k, v: strata.attention(q[0], k, v), "argument 'q': expected a 4-D tensor"),
-    "q_device": (lambda q, k, v: strata.attention(q.to("meta"), k, v), "argument 'q': expected a CPU tensor"),
+    # q off the CPU takes the torch-ops path (strata/torch/torch_ops.h), which wants k, v on q's device
+    "q_device": (lambda q, k, v: strata.attention(q.to("meta"), k, v), "argument 'k': expected a tensor on meta (as q)"),
     "gqa_heads": (lambda q, k, v: strata.attention(q, k.repeat(1, 1, 3, 1)[:, :, :3], v.repeat(1, 1, 3, 1)[:, :, :3]),
                   "argument 'k': expected heads dividing q's heads (2) (GQA) or a multiple of them"),
     "gqa_heads_float64": (lambda q, k, v: strata.attention(q.double(), k.repeat(1, 1, 3, 1)[:, :, :3].double(),

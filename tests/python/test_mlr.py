@@ -356,7 +356,8 @@ ERROR_CASES = {
     "float64_forward_op": (lambda q, k, v: strata.mlr_attention_forward(q.double(), k.double(), v.double(), [4, 4]),
                            "argument 'q': expected dtype float32 or bfloat16, got float64"),
     "q_3d": (lambda q, k, v: mlr(q[0], k, v), "argument 'q': expected a 4-D tensor"),
-    "q_device": (lambda q, k, v: mlr(q.to("meta"), k, v), "argument 'q': expected a CPU tensor"),
+    # q off the CPU takes the torch-ops path (strata/torch/torch_ops.h), which wants k, v on q's device
+    "q_device": (lambda q, k, v: mlr(q.to("meta"), k, v), "argument 'k': expected a tensor on meta (as q)"),
     "k_head_dim": (lambda q, k, v: mlr(q, k[..., :7], v), "argument 'k'"),
     "segment_dtype": (lambda q, k, v: mlr(q, k, v, segment_starts=torch.tensor([2.0])),
                       "argument 'segment_starts': expected dtype int64, got float32"),

@@ -48,6 +48,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 // Differentiable attention (torch::autograd::Function over the two ops above). float64 inputs
 // are computed by the double-precision reference (exact gradients, for gradcheck); float32 and
 // bfloat16 by the kernel. The bias gets no gradient: passing a bias that requires grad throws.
+// q off the CPU (e.g. CUDA), or use_torch_ops() on: torch_ops::attention instead, the same
+// semantics in ATen ops (strata/torch/torch_ops.h); so for paper_gswa_attention below.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionArgs& a = {});
 

@@ -53,7 +53,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
 
 // Differentiable MLR attention (torch::autograd::Function over the two ops above). float64
 // inputs are computed by the double-precision reference (exact gradients, for gradcheck);
-// float32 and bfloat16 by the kernel. Returns out as mlr_attention_forward.
+// float32 and bfloat16 by the kernel. Returns out as mlr_attention_forward. q off the CPU (e.g.
+// CUDA), or use_torch_ops() on: torch_ops::mlr_attention instead (strata/torch/torch_ops.h).
 at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a);
 
 // FLOPs of one forward (strata::mlr_attention_flops, exact over allowed pairs; per-sequence

@@ -56,7 +56,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> monarch_attention_backward(
 // Differentiable MonarchAttention (torch::autograd::Function over the two functions above; it
 // saves q, k, v, the mask and the state). float64 inputs are computed by the double-precision
 // reference on both passes (exact gradients, for gradcheck; materialises seq x seq per head).
-// Differentiable once: a second derivative raises.
+// Differentiable once: a second derivative raises. q off the CPU (e.g. CUDA), or use_torch_ops()
+// on: torch_ops::monarch_attention instead (stable mode, no mask; strata/torch/torch_ops.h).
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const MonarchArgs& a = {});
 

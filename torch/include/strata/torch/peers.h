@@ -44,7 +44,8 @@ at::Tensor mlr_blockwise_attention(const at::Tensor& q, const at::Tensor& k, con
 // starting from a = q, c = 1; the last step outputs O_{lB+j} = sum_k L_j[l, k] sum_i R v.
 // Materialises per (batch, head) M x B x B (R) and B x M x M (L), never seq x seq.
 // = strata::monarch_attention_forward and strata::reference::monarch_attention_forward with
-// MonarchOptions{num_steps, block_size} (layout BHSD).
+// MonarchOptions{num_steps, block_size} (layout BHSD); runs torch_ops::monarch_attention
+// (strata/torch/torch_ops.h), which generalises it (pad, scale, GQA, layouts).
 at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t num_steps,
                              int64_t block_size = 0);
 

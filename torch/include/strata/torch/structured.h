@@ -47,7 +47,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> structured_backward(const Struct
                                                                     bool factor_grads = true,
                                                                     const at::Tensor& saved = at::Tensor());
 // Differentiable y = x M^T (autograd Function over the kernels; float64: the double reference,
-// once differentiable).
+// once differentiable). x off the CPU (e.g. CUDA), or use_torch_ops() on: torch_ops::structured_linear
+// instead (ATen ops, differentiable by autograd; strata/torch/torch_ops.h).
 at::Tensor structured_linear(const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors);
 // The dense out x in matrix (float64 factors: the double reference; else float32 from the kernel).
 at::Tensor structured_to_dense(const StructuredSpec& spec, const std::vector<at::Tensor>& factors);

@@ -18,4 +18,10 @@ TensorView view_of(const at::Tensor& t, const char* where, const char* arg);
 TensorView view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
                    const char* note = "");
 
+// view_of's checks but the device's, on a tensor of any device: a view whose data pointer is a
+// placeholder never to be read, for running the core's checks (shapes, dtypes, options) in front of
+// code that computes with ATen ops (the torch-ops path, strata/torch/torch_ops.h).
+TensorView shape_view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
+                         const char* note = "");
+
 }  // namespace strata::torch
