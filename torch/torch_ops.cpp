@@ -122,8 +122,12 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const at::Tensor qh = expand_heads(heads_first(q, l), H), kh = expand_heads(heads_first(k, l), H),
                    vh = expand_heads(heads_first(v, l), H);
   at::Tensor out;
-  if (!allowed.defined()) {
-    out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, false, scale);
+  const bool causal_only = a.causal && d.seqlen_q == d.seqlen_k && a.window_left < 0 && a.window_right < 0 &&
+                           opt.key_padding_mask.data == nullptr && opt.bias.data == nullptr;
+  if (!allowed.defined() || causal_only) {
+    // No mask tensor: on CUDA, SDPA can then pick its flash / memory-efficient kernels (every row
+    // has a key under a square causal mask, so the empty-row convention does not arise).
+    out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal_only, scale);
   } else {
     // The additive mask (SDPA makes one of a boolean mask too): the bias (or 0) where allowed, -inf
     // elsewhere, broadcast to both shapes. A row with no allowed key attends to every key with 0

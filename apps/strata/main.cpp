@@ -16,6 +16,7 @@
 #include "strata/cpu.h"
 #include "strata/error.h"
 #include "strata/threading.h"
+#include "strata/torch/torch_ops.h"
 
 namespace strata::app {
 
@@ -96,6 +97,16 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // STRATA_TORCH_OPS=1: every custom op through strata::torch's torch-op path (the ATen ops a
+    // CUDA device runs), to check that path on the CPU (scripts/gpu_paper.sh does, before a GPU).
+    if (const char* ops = std::getenv("STRATA_TORCH_OPS"); ops != nullptr && *ops != '\0') {
+      const std::string v = ops;
+      STRATA_CHECK(v == "0" || v == "1", "environment variable STRATA_TORCH_OPS: expected 0 or 1, got \"", v, "\"");
+      if (v == "1") {
+        strata::torch::set_use_torch_ops(true);
+        fmt::print(stderr, "strata: STRATA_TORCH_OPS=1: the custom ops run through the torch-op path (ATen ops)\n");
+      }
+    }
     if (*info) return run_info(info_opt);
     if (*demo) return run_demo(demo_opt);
     if (*convert) return run_convert(convert_opt);
