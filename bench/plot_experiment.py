@@ -79,6 +79,13 @@ def save(fig, path, quiet):
         print(f"wrote {path}")
 
 
+def rel(metrics):
+    """The last-point error relative to predicting 0 on the same prompts (1 = nothing learned);
+    the raw error where a record predates last_point_zero_se (its prompts' zero level is ~1)."""
+    z = metrics.get("last_point_zero_se")
+    return metrics["last_point_se"] / z if z else metrics["last_point_se"]
+
+
 def plot_icr(summary, out, quiet):
     plt = pyplot()
     runs = summary["runs"]
@@ -94,17 +101,17 @@ def plot_icr(summary, out, quiet):
             for r in mine:
                 ev = read_eval(os.path.join(out, r["folder"]))
                 if ev and "last_point_se" in ev[0]:
-                    ax.plot([e["flops"] for e in ev], [e["last_point_se"] for e in ev], color=color, alpha=0.25, lw=0.8)
+                    ax.plot([e["flops"] for e in ev], [rel(e) for e in ev], color=color, alpha=0.25, lw=0.8)
             xs = [r["train_flops"] for r in mine]
-            ys = [r["test"]["last_point_se"] for r in mine]
+            ys = [rel(r["test"]) for r in mine]
             ax.plot(xs, ys, "o-", color=color, label=m)
             for r, x, y in zip(mine, xs, ys):
                 ax.annotate(f"D={r['model']['width']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.axhline(1.0, color="gray", ls=":", lw=1, label="predict 0 (~1)")
+        ax.axhline(1.0, color="gray", ls=":", lw=1, label="predict 0")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("non-embedding training FLOPs")
-        ax.set_ylabel("squared error at the last point (test prompts)")
+        ax.set_ylabel("last-point squared error / predicting 0's\n(test prompts; curves: val prompts)")
         ax.set_title(f"in-context regression, d = {d} ({summary['size']} size)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)

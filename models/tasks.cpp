@@ -145,15 +145,19 @@ class IcrTask final : public Task {
     const uint64_t seed = uint64_t(c_.seed) + kEvalSeedOffset + (split == "test" ? 1 : 0);
     const auto full = data::icr_stage(opt_, data::icr_full_size_step(opt_));
     const int64_t n = c_.data.eval_prompts;
-    double last = 0, all = 0;
+    double last = 0, all = 0, zero = 0;
     for (int64_t begin = 0, k = 0; begin < n; begin += batch, ++k) {
       const int64_t b = std::min(batch, n - begin);
       auto [pred, target] = predict(full, b, seed, 0, k);
       const at::Tensor se = (pred - target).square();
       last += se.select(1, full.points - 1).sum().item<double>();
       all += se.mean(1).sum().item<double>();
+      zero += target.select(1, full.points - 1).square().sum().item<double>();
     }
-    return {{"last_point_se", last / double(n)}, {"mean_se", all / double(n)}, {"prompts", n}};
+    // last_point_zero_se: predicting 0 on the same prompts, the level of "nothing learned" (about
+    // 1, but with 640 prompts a sample's level can be 0.9 or 1.1: compare against it, not 1).
+    return {{"last_point_se", last / double(n)}, {"mean_se", all / double(n)}, {"last_point_zero_se", zero / double(n)},
+            {"prompts", n}};
   }
 
   int64_t tokens_per_sequence(int64_t step) const override { return 2 * data::icr_stage(opt_, step).points; }

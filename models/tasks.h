@@ -7,6 +7,7 @@
 //   icr     in-context linear regression: the decoder with read-in / read-out over data/icr.h
 //           prompts; loss: mean squared error of the y_i predicted at the x_i tokens; metric: the
 //           squared error at the LAST point over `data.eval_prompts` fresh prompts at full size.
+//           (also mean_se over all points, and last_point_zero_se: predicting 0 on the same prompts)
 //   ett     ETTh1 forecasting: models/forecaster.h over data/ett.h windows; loss: MSE; metrics: MSE
 //           and MAE on the standardised split, averaged over windows (stride 1) and variables.
 //
