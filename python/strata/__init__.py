@@ -40,9 +40,10 @@ Use the differentiable functions for training.
 
 Installed with pip (``pip install --no-build-isolation .``, distribution ``strata-attention``), the
 shared library sits in the package folder and nothing needs setting. It is found in this order: the
-file named by the environment variable ``STRATA_LIB``; in a source checkout (``python/strata``),
-``<repo>/build/release/torch/libstrata_torch.so`` (the developers' build); ``libstrata_torch.so``
-in the package folder (each of ``strata.__path__``: an editable install adds site-packages/strata).
+file named by the environment variable ``STRATA_LIB``; ``libstrata_torch.so`` in the package folder
+(each of ``strata.__path__``: an editable install, ``pip install -e``, adds site-packages/strata to
+the source folder, which never holds one); in a source checkout (``python/strata``),
+``<repo>/build/release/torch/libstrata_torch.so`` (the developers' build, ``PYTHONPATH=python``).
 :func:`info` says which one was loaded, ``__version__`` is the library's (the project version).
 """
 
@@ -111,12 +112,11 @@ def _find_library() -> Path:
         if not path.is_file():
             raise ImportError(f"strata: STRATA_LIB={env!r} is not a file (expected the path of {_LIB_NAME})")
         return path
+    candidates = [Path(folder) / _LIB_NAME for folder in __path__]  # noqa: F821 (the package's own)
     here = Path(__file__).resolve().parent
     repo = here.parent.parent
-    candidates = []
     if here.parent.name == "python" and (repo / "CMakeLists.txt").is_file():  # a source checkout
         candidates.append(repo / "build" / "release" / "torch" / _LIB_NAME)
-    candidates += [Path(folder) / _LIB_NAME for folder in __path__]  # noqa: F821 (the package's own)
     for path in candidates:
         if path.is_file():
             return path
