@@ -10,7 +10,8 @@
 # inside namespace strata::cpu::<isa>, with that ISA's flags below), adds them and SOURCES to
 # strata_core, and builds the tests into one GoogleTest executable strata_<name>_tests (label
 # core). Adding a family: a params header, a kernel body that defines its kernel table, a
-# reference, and one call of this function (docs/architecture.md).
+# reference, and one call of this function (docs/architecture.md). STRATA_BUILD_TESTS=OFF (the
+# Python package's build) leaves the tests out.
 
 # The ISAs and their flags: the only list (Isa in include/strata/cpu.h and STRATA_PER_ISA in
 # src/core/dispatch.h name the same three). GCC 12 warns falsely inside its own avx512fintrin.h
@@ -40,7 +41,7 @@ function(strata_kernel_family)
     target_sources(strata_core PRIVATE ${unit})
   endforeach()
   target_sources(strata_core PRIVATE ${F_SOURCES})
-  if(F_TESTS)
+  if(F_TESTS AND STRATA_BUILD_TESTS)
     add_executable(strata_${F_NAME}_tests ${F_TESTS})
     target_include_directories(strata_${F_NAME}_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests/cpp)
     target_compile_options(strata_${F_NAME}_tests PRIVATE ${STRATA_WARNINGS})

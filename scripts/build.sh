@@ -15,6 +15,8 @@ case "$CONFIG" in
   *) echo "[build] ERROR: argument 1: expected release or asan, got '$CONFIG'" >&2; exit 1 ;;
 esac
 export CCACHE_DIR="${CCACHE_DIR:-${STRATA_HOME:-$HOME/.cache/strata}/ccache}"
+# Paths under the clone hashed relative to it: a fresh clone elsewhere (CI) reuses the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 BUILD_DIR="${STRATA_BUILD_DIR:-build/$CONFIG}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
   -DPython3_EXECUTABLE="$VENV/bin/python" "${ARGS[@]}" "$@" >/dev/null

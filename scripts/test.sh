@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (idempotent), builds Release and Debug+ASan+UBSan, and runs every test:
-#   C++ core + LibTorch tests (Release), the core tests again under ASan+UBSan, and pytest.
+#   C++ core + LibTorch tests (Release), the core tests again under ASan+UBSan, pytest against the
+#   build tree, and pytest again against the package installed by pip into a fresh venv (test_pip.sh).
 # This is the README's second command and what .ci/run calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +18,5 @@ echo "== C++ core tests under ASan + UBSan =="
 echo "== Python tests =="
 STRATA_LIB="$PWD/build/release/torch/libstrata_torch.so" PYTHONPATH="$PWD/python" \
   "$VENV/bin/python" -m pytest -q tests/python
+echo "== Python package: pip install into a fresh venv, pytest against the installed package =="
+bash scripts/test_pip.sh "$VENV"

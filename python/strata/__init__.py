@@ -38,9 +38,13 @@ outputs never require grad, whatever the inputs (as if detached): ``out.sum().ba
 raises "does not require grad", and in a larger graph they carry no gradient back to q, k, v.
 Use the differentiable functions for training.
 
-The shared library is found in this order: the file named by the environment variable
-``STRATA_LIB``; ``<repo>/build/release/torch/libstrata_torch.so``; ``libstrata_torch.so`` next to
-this package.
+Installed with pip (``pip install --no-build-isolation .``, distribution ``strata-attention``), the
+shared library sits in the package folder and nothing needs setting. It is found in this order: the
+file named by the environment variable ``STRATA_LIB``; ``libstrata_torch.so`` in the package folder
+(each of ``strata.__path__``: an editable install, ``pip install -e``, adds site-packages/strata to
+the source folder, which never holds one); in a source checkout (``python/strata``),
+``<repo>/build/release/torch/libstrata_torch.so`` (the developers' build, ``PYTHONPATH=python``).
+:func:`info` says which one was loaded, ``__version__`` is the library's (the project version).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ import torch
 from . import _check
 
 __all__ = [
+    "__version__",
+    "info",
     "attention",
     "attention_forward",
     "attention_backward",
@@ -106,21 +112,68 @@ def _find_library() -> Path:
         if not path.is_file():
             raise ImportError(f"strata: STRATA_LIB={env!r} is not a file (expected the path of {_LIB_NAME})")
         return path
+    candidates = [Path(folder) / _LIB_NAME for folder in __path__]  # noqa: F821 (the package's own)
     here = Path(__file__).resolve().parent
-    candidates = [here.parent.parent / "build" / "release" / "torch" / _LIB_NAME, here / _LIB_NAME]
+    repo = here.parent.parent
+    if here.parent.name == "python" and (repo / "CMakeLists.txt").is_file():  # a source checkout
+        candidates.append(repo / "build" / "release" / "torch" / _LIB_NAME)
     for path in candidates:
         if path.is_file():
             return path
     tried = ", ".join(str(p) for p in candidates)
     raise ImportError(
-        f"strata: {_LIB_NAME} not found (tried {tried}); build it with scripts/build.sh release "
+        f"strata: {_LIB_NAME} not found (tried {tried}); install the package with "
+        "pip install --no-build-isolation . , build it with scripts/build.sh release, "
         "or set STRATA_LIB to its path"
     )
 
 
+def _load_library(path: Path) -> None:
+    """Loads the op library into this torch; a library built for another torch is an ImportError
+    that names both versions (its symbols would not resolve, or worse, resolve to another ABI)."""
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as e:
+        raise ImportError(
+            f"strata: cannot load {path} into torch {torch.__version__}: {e}. It must be built against "
+            "the torch it runs with: reinstall with pip install --no-build-isolation in this environment"
+        ) from e
+    built = torch.ops.strata.info()[1]
+    if built.split(".")[:2] != torch.__version__.split("+")[0].split(".")[:2]:
+        raise ImportError(
+            f"strata: {path} was built against torch {built}, but this is torch {torch.__version__}; "
+            "reinstall strata-attention with pip install --no-build-isolation in this environment"
+        )
+
+
 library_path: Path = _find_library()
-torch.ops.load_library(str(library_path))
+_load_library(library_path)
 _ops = torch.ops.strata
+__version__: str = _ops.info()[0]
+
+
+def info() -> dict:
+    """What this strata is and runs on.
+
+    Returns:
+        dict with ``version`` (strata's, = ``__version__``), ``library`` (path of the loaded
+        libstrata_torch.so), ``isa`` (what the kernels dispatch to: "avx512", "avx2" or "scalar";
+        the environment variable STRATA_ISA lowers it), ``threads`` (strata's thread pool:
+        STRATA_NUM_THREADS, else all cores), ``cpu_features``, ``torch`` (the running torch's
+        version), ``torch_built_with`` (the LibTorch the library was compiled against) and
+        ``torch_threads`` (torch.get_num_threads()).
+    """
+    version, torch_built_with, isa, threads, cpu_features = _ops.info()
+    return {
+        "version": version,
+        "library": str(library_path),
+        "isa": isa,
+        "threads": threads,
+        "cpu_features": cpu_features,
+        "torch": torch.__version__,
+        "torch_built_with": torch_built_with,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def _attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout) -> tuple:

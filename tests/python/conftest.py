@@ -3,6 +3,9 @@ gradients by autograd, and the acceptance rule against PyTorch (as fixtures and 
 ``from conftest import rel_err`` in a test module, or the ``rel_err`` fixture).
 
 Run: STRATA_LIB=<build>/torch/libstrata_torch.so PYTHONPATH=python python -m pytest -q tests/python
+(the developers' build), or, with the package installed by pip, from any folder outside the clone:
+python -m pytest -q <clone>/tests/python --strata-installed [--strata-wheel=<the wheel>]
+(scripts/test_pip.sh: test_package.py then checks that the installed package was tested).
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ def assert_raises_naming(exc: type, fn, message: str) -> None:
     with pytest.raises(exc) as info:
         fn()
     assert message in str(info.value)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--strata-installed", action="store_true",
+                     help="strata must be the pip-installed package (test_package.py checks it)")
+    parser.addoption("--strata-wheel", default=None, help="a wheel of strata-attention to check (test_package.py)")
 
 
 @pytest.fixture(name="rel_err")
