@@ -15,7 +15,7 @@
 # Usage:  scripts/gpu_paper.sh [OUT]            (default OUT: $OUT if set, else out/gpu_paper)
 #         scripts/gpu_paper.sh --fetch-debs     (here, with apt: the build's Debian packages into
 #                                                .gpu-debs/, to carry to a machine without them)
-# Env:    STEPS (20) per run; EXPERIMENTS ("icr charlm etth1"); STRATA_BIN (a built strata: no
+# Env:    PYTHON (python3: the one whose torch the build uses); STEPS (20) per run; EXPERIMENTS ("icr charlm etth1"); STRATA_BIN (a built strata: no
 #         build); WORK (scratch, default /tmp/strata-gpu); ETTH1_ONLY (labels separated by ';'; default:
 #         the patch runs at horizons 96 and 720, the point runs at 96: a point run's flatten head
 #         at D = 512 is ~1e8 parameters per horizon step of 96); JOBS (build jobs, default nproc).
@@ -43,8 +43,10 @@ WORK="${WORK:-/tmp/strata-gpu}"
 ETTH1_ONLY="${ETTH1_ONLY:-patch mha H=96;patch mha H=720;patch mlr 48|16 H=96;patch mlr 48|16 H=720;patch mlr 40|16|4|4 H=96;patch mlr 40|16|4|4 H=720;patch swa w=8 H=96;patch swa w=8 H=720;point mha H=96;point mlr 48|16 H=96;point mlr 40|16|4|4 H=96;point swa w=64 H=96}"
 case "$STEPS" in ''|*[!0-9]*|0) die "STEPS: expected an integer >= 1, got '$STEPS'" ;; esac
 mkdir -p "$OUT" "$WORK" || die "cannot create OUT '$OUT' or WORK '$WORK'"
-PY="$(command -v python3 || true)"
-[ -n "$PY" ] || die "python3 is missing (the build takes LibTorch from python3's torch)"
+PY="$(command -v "${PYTHON:-python3}" || true)"
+[ -n "$PY" ] || die "${PYTHON:-python3} is missing (the build takes LibTorch from its torch; PYTHON names another)"
+# Python runs from / : in the repo root, the source folder torch/ would shadow the torch package.
+py() { (cd / && "$PY" "$@"); }
 
 # ---- 1. build -------------------------------------------------------------------------------
 if [ -n "${STRATA_BIN:-}" ]; then
@@ -61,14 +63,14 @@ else
     export PKG_CONFIG_LIBDIR="$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig:$PREFIX/usr/share/pkgconfig"
     EXTRA_PREFIX="$PREFIX/usr"
   fi
-  TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)') || die "python3 has no torch"
+  TORCH_PREFIX=$(py -c 'import torch; print(torch.utils.cmake_prefix_path)') || die "$PY has no torch"
   BUILD="$WORK/build"
   log "building strata in $BUILD (torch at $TORCH_PREFIX)"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_WITH_TORCH=ON \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DPython3_EXECUTABLE="$PY" > "$OUT/build.log" 2>&1 \
     && cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target strata >> "$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log" >&2; die "the build failed (log: $OUT/build.log)"; }
-  BIN="$BUILD/apps/strata/strata"
+  BIN="$BUILD/strata"  # (the CLI lands in the build root)
 fi
 "$BIN" info > "$OUT/info.txt" 2>&1 || die "'$BIN info' failed"
 
@@ -85,7 +87,7 @@ rm -rf "$WORK/device-check"
 if ! "$BIN" train configs/icr.toml --size smoke --set train.device=cuda --set train.steps=1 \
      --out "$WORK/device-check" --no-progress > "$OUT/device-check.log" 2>&1; then
   reason=$(grep -m1 -o "key 'train.device'.*" "$OUT/device-check.log" || tail -1 "$OUT/device-check.log")
-  "$PY" - "$OUT/gpu_paper.json" "$reason" "$EXPERIMENTS" <<'EOF'
+  py - "$(cd "$OUT" && pwd)/gpu_paper.json" "$reason" "$EXPERIMENTS" <<'EOF'
 import json, sys
 json.dump({"status": "no-device", "reason": sys.argv[2], "cpu_torch_ops_smoke": sys.argv[3].split()},
           open(sys.argv[1], "w"), indent=2)
@@ -112,7 +114,7 @@ for e in $EXPERIMENTS; do
   [ -f "$WORK/paper-$e/summary.json" ] && cp "$WORK/paper-$e/summary.json" "$OUT/${e}_summary.json"
 done
 
-"$PY" - "$OUT" "$STEPS" "$EXPERIMENTS" <<'EOF'
+py - "$(cd "$OUT" && pwd)" "$STEPS" "$EXPERIMENTS" <<'EOF'
 import json, os, sys
 out, steps, exps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 try:

@@ -14,7 +14,7 @@ PY="${STRATA_PYTHON:-${STRATA_HOME:-$HOME/.cache/strata}/venv/bin/python}"
 
 # The script stops at the device check with status 3 and says why in its JSON.
 set +e
-STRATA_BIN="$STRATA" WORK="$T/work" bash "$SRC/scripts/gpu_paper.sh" "$T/out" 2>"$T/log.txt"
+PYTHON="$PY" STRATA_BIN="$STRATA" WORK="$T/work" bash "$SRC/scripts/gpu_paper.sh" "$T/out" 2>"$T/log.txt"
 rc=$?
 set -e
 [ "$rc" = 3 ] || { cat "$T/log.txt" >&2; fail "expected exit status 3 (no CUDA device), got $rc"; }
