@@ -57,21 +57,12 @@ inline TensorView mask_view_of(const at::Tensor& t, const char* where, const cha
   return any_device ? shape_view_of(t, where, arg, DTypes{DType::u8}, " (or bool)") : view_of(t, where, arg);
 }
 
-// A view carrying only t's sizes and strides (dtype f32, a placeholder data pointer that is never
-// read), for running the core's shape checks on tensors the core cannot view: the pure-torch
-// baselines, which accept any floating dtype and device.
+// shape_only_view (dtype f32) after the checks it needs, for running the core's shape checks on
+// tensors the core cannot view: the pure-torch baselines, which accept any floating dtype and device.
 inline TensorView shape_of(const char* where, const char* arg, const at::Tensor& t) {
   STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
   STRATA_CHECK_ARG(t.dim() <= TensorView::kMaxDims, where, arg, cat("at most ", TensorView::kMaxDims, " dims"), t.dim());
-  static float placeholder;
-  TensorView v;
-  v.data = &placeholder;
-  v.ndim = int(t.dim());
-  for (int i = 0; i < v.ndim; ++i) {
-    v.shape[i] = t.size(i);
-    v.stride[i] = t.stride(i);
-  }
-  return v;
+  return shape_only_view(t);
 }
 
 // The sizes of a tensor with logical dims (b, s, h, d) in layout l.

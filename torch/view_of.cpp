@@ -33,6 +33,18 @@ TensorView view_of(const at::Tensor& t, const char* where, const char* arg) {
   return view_of(t, where, arg, DTypes{DType::f32, DType::bf16, DType::f64, DType::u8}, " (or bool)");
 }
 
+TensorView shape_only_view(const at::Tensor& t) {
+  static double unread;  // the data of every shape-only view
+  TensorView v;
+  v.data = &unread;
+  v.ndim = int(t.dim());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = t.size(i);
+    v.stride[i] = t.stride(i);
+  }
+  return v;
+}
+
 // view_of's checks (the device's only when `on_cpu`) and the view.
 static TensorView checked_view(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
                         const char* note, bool on_cpu) {
@@ -49,13 +61,10 @@ static TensorView checked_view(const at::Tensor& t, const char* where, const cha
                    "a negative view");
   STRATA_CHECK_ARG(t.dim() <= TensorView::kMaxDims, where, arg,
                    detail::cat("at most ", TensorView::kMaxDims, " dims"), t.dim());
-  static double placeholder;  // shape_view_of's data: never read
-  v.data = !on_cpu ? static_cast<void*>(&placeholder) : t.numel() == 0 ? nullptr : t.data_ptr();
-  v.ndim = int(t.dim());
-  for (int i = 0; i < v.ndim; ++i) {
-    v.shape[i] = t.size(i);
-    v.stride[i] = t.stride(i);
-  }
+  const DType dtype = v.dtype;
+  v = shape_only_view(t);
+  v.dtype = dtype;
+  if (on_cpu) v.data = t.numel() == 0 ? nullptr : t.data_ptr();
   return v;
 }
 

@@ -18,9 +18,14 @@ TensorView view_of(const at::Tensor& t, const char* where, const char* arg);
 TensorView view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
                    const char* note = "");
 
-// view_of's checks but the device's, on a tensor of any device: a view whose data pointer is a
-// placeholder never to be read, for running the core's checks (shapes, dtypes, options) in front of
-// code that computes with ATen ops (the torch-ops path, strata/torch/torch_ops.h).
+// t's sizes and strides (t.dim() <= TensorView::kMaxDims, checked by the caller) over a data
+// pointer that is non-null (the core's checks reject null data for a non-empty tensor) and never
+// dereferenced: a view for running the core's shape checks on tensors it will not read.
+TensorView shape_only_view(const at::Tensor& t);
+
+// view_of's checks but the device's, on a tensor of any device: a shape_only_view with t's dtype,
+// for running the core's checks (shapes, dtypes, options) in front of code that computes with ATen
+// ops (the torch-ops path, strata/torch/torch_ops.h).
 TensorView shape_view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
                          const char* note = "");
 
