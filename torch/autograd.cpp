@@ -10,6 +10,7 @@
 
 #include "binding_util.h"
 #include "strata/error.h"
+#include "op_calls.h"
 #include "options.h"
 #include "strata/torch/attention.h"
 #include "strata/torch/torch_ops.h"
@@ -58,7 +59,7 @@ struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction>
     if (q.defined() && q.scalar_type() == at::kDouble)
       std::tie(out, lse) = reference_attention_forward(q, k, v, a);
     else
-      std::tie(out, lse) = attention_forward(q, k, v, a);
+      std::tie(out, lse) = op_calls::attention_forward(q, k, v, a);
     ctx->save_for_backward({q, k, v, out, lse, a.key_padding_mask.value_or(at::Tensor()),
                             a.bias.value_or(at::Tensor())});
     save_options(ctx, a);
@@ -74,7 +75,7 @@ struct AttentionFunction : public ::torch::autograd::Function<AttentionFunction>
     if (q.scalar_type() == at::kDouble)
       std::tie(dq, dk, dv) = reference_attention_backward(q, k, v, grads[0], a);
     else
-      std::tie(dq, dk, dv) = attention_backward(q, k, v, out, lse, grads[0], a);
+      std::tie(dq, dk, dv) = op_calls::attention_backward(q, k, v, out, lse, grads[0], a);
     variable_list out_grads = once_differentiable({dq, dk, dv}, {q, k, v, grads[0]});
     out_grads.emplace_back();  // no gradient for the options
     return out_grads;
@@ -91,8 +92,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                    "a tensor that does not require grad (strata computes no bias gradient; pass bias.detach())",
                    "requires_grad=True");
   if (takes_torch_ops(q)) return torch_ops::attention(q, k, v, a);
-  // q's dtype first, with this function's list (the kernel's own check would omit float64).
-  view_of(q, "attention", "q", kReferenceDTypes);
+  // q's dtype first, with this function's list (the kernel's own check would omit float64); a
+  // dtype-only check, so that torch.compile's fake tensors pass (the kernel op checks the rest).
+  checked_dtype(q, "attention", "q", kReferenceDTypes);
   return AttentionFunction::apply(q, k, v, a);
 }
 

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "strata/attention.h"
 #include "strata/error.h"
 
@@ -120,7 +121,8 @@ at::Tensor performer_attention(const at::Tensor& q, const at::Tensor& k, const a
   STRATA_CHECK_ARG(!seed.has_value() || *seed >= 0, where, "seed", ">= 0 (or None)", seed.value_or(0));
   const Prepared p = prepare(where, q, k, v, key_padding_mask, scale, layout);
   const double c = std::sqrt(p.scale);                 // x.y = scale * q.k
-  const at::Tensor omega = performer_omega(p.d, num_features, seed).to(q.options());  // D x r
+  // D x r, through the dispatcher: an opaque node under torch.compile
+  const at::Tensor omega = op_calls::performer_omega(p.d, num_features, seed).to(q.options());
   const at::Tensor x = p.q * c, y = p.k * c;           // batch x heads x seq x D
   const at::Tensor key_ok = p.mask.view({p.b, 1, p.n, 1});
   // Exponents of phi: x omega - |x|^2/2 (batch x heads x seq x r).

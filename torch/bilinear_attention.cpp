@@ -19,13 +19,22 @@ using binding::cat;
 namespace {
 
 std::string describe(const at::Tensor& t) {
-  return t.defined() ? cat(binding::torch_dtype_name(t), " ", t.sizes()) : std::string("an undefined tensor");
+  return t.defined() ? cat(binding::torch_dtype_name(t), " ", t.sym_sizes()) : std::string("an undefined tensor");
+}
+
+// t.sizes() == want, dim by dim: under torch.compile's symbolic shapes a guard (a weight's shape is
+// the layer's structure), where sizes() would throw.
+bool has_sizes(const at::Tensor& t, at::IntArrayRef want) {
+  if (t.dim() != int64_t(want.size())) return false;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.size(i) != want[size_t(i)]) return false;
+  return true;
 }
 
 // t must be a floating tensor of x's dtype and device with sizes `want`.
 void check_weight(const char* where, const char* arg, const at::Tensor& t, const at::Tensor& x, at::IntArrayRef want,
                   const std::string& why = "") {
-  STRATA_CHECK_ARG(t.defined() && t.sizes() == want && t.scalar_type() == x.scalar_type() && t.device() == x.device(),
+  STRATA_CHECK_ARG(t.defined() && has_sizes(t, want) && t.scalar_type() == x.scalar_type() && t.device() == x.device(),
                    where, arg, cat(binding::torch_dtype_name(x), " on ", x.device(), " (x's) of shape ", want, why),
                    t.defined() ? cat(describe(t), " on ", t.device()) : describe(t));
 }
@@ -45,9 +54,9 @@ void check_input(const char* where, const at::Tensor& x, int64_t min_dim, int64_
       x.defined() ? cat(x.dim(), "-D ", describe(x)) : describe(x));
 }
 
-// x's leading dims followed by (heads, width).
-std::vector<int64_t> head_sizes(const at::Tensor& x, int64_t heads, int64_t width) {
-  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end() - 1);
+// x's leading dims (symbolic under torch.compile's dynamic shapes) followed by (heads, width).
+std::vector<c10::SymInt> head_sizes(const at::Tensor& x, int64_t heads, int64_t width) {
+  std::vector<c10::SymInt> s(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   s.push_back(heads);
   s.push_back(width);
   return s;
@@ -111,7 +120,7 @@ at::Tensor btt_key_transform(const at::Tensor& x, const at::Tensor& w_k, const a
   // The core's BTT operator: its factors are W_K (c, d, heads*b*s) and W_Q (heads*b, a, c*s) as they
   // are; its output index h*a*b + i_a*b + j_b is the head-major layout asked for.
   const StructuredSpec spec = btt_spec({a, b, c, d}, s, heads);
-  return structured_linear(spec, x, {w_k, w_q}).reshape(head_sizes(x, heads, a * b));
+  return structured_linear(spec, x, {w_k, w_q}).reshape_symint(head_sizes(x, heads, a * b));
 }
 
 at::Tensor block_diag_transform(const at::Tensor& x, const at::Tensor& w, int64_t heads) {
@@ -137,7 +146,7 @@ at::Tensor block_diag_transform(const at::Tensor& x, const at::Tensor& w, int64_
     for (int64_t rho = 0; rho < r; ++rho)
       for (int64_t k = 0; k < p; ++k) lv.out_perm[size_t((h * r + rho) * p + k)] = k * heads * r + h * r + rho;
   spec.levels.push_back(std::move(lv));
-  return structured_linear(spec, x, {w}).reshape(head_sizes(x, heads, r * p));
+  return structured_linear(spec, x, {w}).reshape_symint(head_sizes(x, heads, r * p));
 }
 
 double bilinear_btt_logit_scale(int64_t dim, const std::string& logit_scale) {
@@ -164,7 +173,7 @@ at::Tensor shared_query_attention(const at::Tensor& q, const at::Tensor& k, cons
   a.scale = scale;
   a.causal = causal;
   // THE place where the shared query meets the dense op: a stride-0 view over the heads (no copy).
-  const at::Tensor q_heads = q.unsqueeze(2).expand({q.size(0), q.size(1), k.size(2), q.size(2)});
+  const at::Tensor q_heads = q.unsqueeze(2).expand_symint({q.sym_size(0), q.sym_size(1), k.sym_size(2), q.sym_size(2)});
   return attention(q_heads, k, v, a);
 }
 
@@ -172,7 +181,9 @@ BilinearQkv bilinear_btt_qkv(const at::Tensor& x, const BilinearBTTWeights& w, i
                              const std::string& logit_scale, bool rms_cap_on) {
   const char* where = "bilinear_btt_attention";
   check_input(where, x, 3);
-  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = num_heads;
+  // B, T symbolic under torch.compile's dynamic shapes; D is the layer's width
+  const c10::SymInt B = x.sym_size(0), T = x.sym_size(1);
+  const int64_t D = x.size(2), H = num_heads;
   STRATA_CHECK_ARG(H >= 1 && D % H == 0, where, "num_heads", cat("a divisor of D = x.size(2) = ", D), H);
   check_logit_scale(where, logit_scale);
   const auto [a, b, c, d, s] = btt_dims(where, w.w_k, w.w_q, H);
@@ -198,7 +209,7 @@ BilinearQkv bilinear_btt_qkv(const at::Tensor& x, const BilinearBTTWeights& w, i
   const at::Tensor w_q = rms_cap_on ? rms_cap(w.w_q, c * s, a) : w.w_q;
   const at::Tensor keys = at::layer_norm(btt_key_transform(h, w_k, w_q, H), {D}, w.key_norm_weight, w.key_norm_bias,
                                          1e-5);                                     // B x T x H x D
-  const at::Tensor v = at::linear(h, w.v_weight, w.v_bias).view({B, T, H, D / H});  // B x T x H x D/H
+  const at::Tensor v = at::linear(h, w.v_weight, w.v_bias).view_symint({B, T, H, D / H});  // B x T x H x D/H
   // The logit scale goes into the shared query (B x T x D, once) rather than to the op, which
   // keeps its scale in float32: so float64 stays exact.
   return {h * bilinear_btt_logit_scale(D, logit_scale), keys, v};
@@ -208,14 +219,16 @@ at::Tensor bilinear_btt_attention(const at::Tensor& x, const BilinearBTTWeights&
                                   const std::string& logit_scale, bool causal, bool rms_cap_on) {
   const auto [q, k, v] = bilinear_btt_qkv(x, w, num_heads, logit_scale, rms_cap_on);
   const at::Tensor y = shared_query_attention(q, k, v, 1.0, causal);  // B x T x H x D/H
-  return at::linear(y.reshape({x.size(0), x.size(1), x.size(2)}), w.out_weight, w.out_bias);
+  return at::linear(y.reshape_symint(x.sym_sizes()), w.out_weight, w.out_bias);
 }
 
 BilinearQkv bilinear_mlr_qkv(const at::Tensor& x, const BilinearMLRWeights& w, int64_t num_heads,
                              const std::string& logit_scale, bool divide_by_num_levels, bool rms_cap_on) {
   const char* where = "bilinear_mlr_attention";
   check_input(where, x, 3);
-  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = num_heads;
+  // B, T symbolic under torch.compile's dynamic shapes; D is the layer's width
+  const c10::SymInt B = x.sym_size(0), T = x.sym_size(1);
+  const int64_t D = x.size(2), H = num_heads;
   STRATA_CHECK_ARG(H >= 1 && D % H == 0, where, "num_heads", cat("a divisor of D = x.size(2) = ", D), H);
   check_logit_scale(where, logit_scale);
   const int64_t L = int64_t(w.w_q.size());
@@ -270,7 +283,7 @@ BilinearQkv bilinear_mlr_qkv(const at::Tensor& x, const BilinearMLRWeights& w, i
   }
   STRATA_CHECK_ARG(rank_sum == D / H, where, "w_q", cat("ranks r_l = w_q[l].size(2) / H summing to D / H = ", D / H),
                    rank_sum);
-  const at::Tensor v = at::linear(x, w.v_weight, w.v_bias).view({B, T, H, D / H});
+  const at::Tensor v = at::linear(x, w.v_weight, w.v_bias).view_symint({B, T, H, D / H});
   return {at::cat(qs, -1), at::cat(ks, -1), v};
 }
 
@@ -282,7 +295,7 @@ at::Tensor bilinear_mlr_attention(const at::Tensor& x, const BilinearMLRWeights&
   args.scale = 1.0;
   args.causal = causal;
   const at::Tensor y = attention(q, k, v, args);  // B x T x H x D/H
-  return at::linear(y.reshape({x.size(0), x.size(1), x.size(2)}), w.out_weight, w.out_bias);
+  return at::linear(y.reshape_symint(x.sym_sizes()), w.out_weight, w.out_bias);
 }
 
 // ---- BilinearBTTAttention ----

@@ -38,7 +38,7 @@ TORCH_LIBRARY(strata, m) {
   m.def(
       "monarch_attention_forward(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, "
       "str pad=\"post\", str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, "
-      "str layout=\"bshd\") -> (Tensor out, Tensor state)");
+      "str layout=\"bshd\", bool save_state=True) -> (Tensor out, Tensor state)");
   m.def(
       "monarch_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? state, Tensor dout, int num_steps=1, "
       "int block_size=0, str pad=\"post\", str mode=\"stable\", float? scale=None, "
@@ -49,6 +49,10 @@ TORCH_LIBRARY(strata, m) {
   m.def(
       "performer_attention(Tensor q, Tensor k, Tensor v, int num_features, int? seed=None, "
       "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
+  // Performer's random features omega (head_dim x num_features float64 CPU; seeded: reproducible).
+  // An op of its own so that torch.compile keeps the draw an opaque node (a Generator cannot be
+  // traced).
+  m.def("performer_omega(int head_dim, int num_features, int? seed=None) -> Tensor");
   m.def(
       "nystrom_attention(Tensor q, Tensor k, Tensor v, int num_landmarks, int pinv_iters=6, "
       "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");
@@ -75,9 +79,12 @@ TORCH_LIBRARY(strata, m) {
 
   // Structured operators (strata/torch/structured.h): a spec is (int[] spec, float[] alpha).
   m.def("structured_forward(Tensor x, Tensor[] factors, int[] spec, float[] alpha) -> Tensor y");
+  // The training forward: y and the right stages' outputs (float32 1-D) for structured_backward.
+  m.def("structured_forward_saving(Tensor x, Tensor[] factors, int[] spec, float[] alpha) -> (Tensor y, Tensor saved)");
   m.def(
       "structured_backward(Tensor x, Tensor[] factors, int[] spec, float[] alpha, Tensor dy, bool input_grad=True, "
-      "bool factor_grads=True) -> (Tensor? dx, Tensor[] dfactors)");
+      "bool factor_grads=True, Tensor? saved=None) -> (Tensor? dx, Tensor[] dfactors)");
+  m.def("structured_saved_layout(int[] spec, float[] alpha) -> (int tile_rows, int per_tile)");
   m.def("structured_linear(Tensor x, Tensor[] factors, int[] spec, float[] alpha) -> Tensor y");
   m.def("structured_to_dense(Tensor[] factors, int[] spec, float[] alpha) -> Tensor m");
   m.def("structured_low_rank_spec(int in_features, int out_features, int rank) -> int[]");

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "options.h"
 #include "strata/error.h"
 #include "strata/torch/torch_ops.h"
@@ -133,7 +134,7 @@ struct MlrFunction : public ::torch::autograd::Function<MlrFunction> {
     if (q.defined() && q.scalar_type() == at::kDouble)
       std::tie(out, lse) = reference_mlr_attention_forward(q, k, v, a);
     else
-      std::tie(out, lse) = mlr_attention_forward(q, k, v, a);
+      std::tie(out, lse) = op_calls::mlr_attention_forward(q, k, v, a);
     ctx->save_for_backward(
         {q, k, v, out, lse, defined_or_empty(a.segment_starts), defined_or_empty(a.segment_offsets)});
     save_options(ctx, a);
@@ -149,7 +150,7 @@ struct MlrFunction : public ::torch::autograd::Function<MlrFunction> {
     if (q.scalar_type() == at::kDouble)
       std::tie(dq, dk, dv) = reference_mlr_attention_backward(q, k, v, grads[0], a);
     else
-      std::tie(dq, dk, dv) = mlr_attention_backward(q, k, v, out, lse, grads[0], a);
+      std::tie(dq, dk, dv) = op_calls::mlr_attention_backward(q, k, v, out, lse, grads[0], a);
     variable_list out_grads = binding::once_differentiable({dq, dk, dv}, {q, k, v, grads[0]}, "strata mlr_attention");
     out_grads.emplace_back();  // no gradient for the options
     return out_grads;

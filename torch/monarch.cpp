@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "options.h"
 #include "strata/error.h"
 #include "strata/torch/torch_ops.h"
@@ -171,7 +172,7 @@ struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
     if (q.defined() && q.scalar_type() == at::kDouble)
       out = reference_monarch_attention_forward(q, k, v, a);
     else
-      std::tie(out, state) = monarch_attention_forward(q, k, v, a);
+      std::tie(out, state) = op_calls::monarch_attention_forward(q, k, v, a, /*save_state=*/true);
     ctx->save_for_backward({q, k, v, state, a.key_padding_mask.value_or(at::Tensor())});
     save_options(ctx, a);
     return out;
@@ -187,7 +188,7 @@ struct MonarchFunction : public ::torch::autograd::Function<MonarchFunction> {
     if (q.scalar_type() == at::kDouble)
       std::tie(dq, dk, dv) = reference_monarch_attention_backward(q, k, v, dout, a);
     else
-      std::tie(dq, dk, dv) = monarch_attention_backward(q, k, v, state, dout, a);
+      std::tie(dq, dk, dv) = op_calls::monarch_attention_backward(q, k, v, state, dout, a);
     variable_list out = binding::once_differentiable({dq, dk, dv}, {q, k, v, grads[0]}, "monarch_attention");
     out.emplace_back();  // no gradient for the options
     return out;
@@ -200,11 +201,12 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
   if (takes_torch_ops(q)) return torch_ops::monarch_attention(q, k, v, a);
   // q's dtype first, with this function's list (the kernel's own check would omit float64).
   STRATA_CHECK_ARG(q.defined(), "monarch_attention", "q", "a defined tensor", "an undefined tensor");
-  view_of(q, "monarch_attention", "q", kReferenceDTypes);  // q's dtype first, with this function's list
+  checked_dtype(q, "monarch_attention", "q", kReferenceDTypes);  // first, with this function's list (not the data:
+                                                                 // torch.compile's fake tensors pass)
   // Inference (no grad needed): the forward alone, without the saved state.
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!grad && !(q.defined() && q.scalar_type() == at::kDouble))
-    return std::get<0>(monarch_attention_forward(q, k, v, a, /*save_state=*/false));
+    return std::get<0>(op_calls::monarch_attention_forward(q, k, v, a, /*save_state=*/false));
   return MonarchFunction::apply(q, k, v, a);
 }
 

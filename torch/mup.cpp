@@ -176,9 +176,10 @@ double rms_cap_sigma(int64_t d_in, int64_t d_out) {
 at::Tensor rms_cap(const at::Tensor& w, int64_t d_in, int64_t d_out) {
   const double sigma = rms_cap_sigma(d_in, d_out);
   STRATA_CHECK_ARG(
-      w.defined() && w.numel() > 0 && at::isFloatingType(w.scalar_type()), "rms_cap", "w",
+      // sym_numel: a guard under torch.compile's symbolic shapes, where numel() would throw
+      w.defined() && w.sym_numel() > 0 && at::isFloatingType(w.scalar_type()), "rms_cap", "w",
       "a non-empty floating-point tensor",
-      w.defined() ? cat(binding::torch_dtype_name(w), " ", w.sizes()) : std::string("an undefined tensor"));
+      w.defined() ? cat(binding::torch_dtype_name(w), " ", w.sym_sizes()) : std::string("an undefined tensor"));
   const at::Tensor ratio = (w.square().mean() + 1e-8).sqrt() / sigma;  // RMS(w) / sigma*, 0-dim
   // max(1, ratio) with the reference's gradient: through ratio only where it is above 1.
   return w / at::where(ratio > 1.0, ratio, at::ones_like(ratio));

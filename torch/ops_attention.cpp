@@ -8,6 +8,7 @@
 #include <string>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "strata/error.h"
 #include "strata/torch/attention.h"
 
@@ -77,6 +78,28 @@ at::Tensor paper_gswa_op(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor> op_calls::attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v, const AttentionArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::attention_forward", "")
+                             .typed<decltype(forward_op)>();
+  return op.call(q, k, v, a.scale, a.causal, a.window_left, a.window_right, a.num_global, a.key_padding_mask, a.bias,
+                 a.layout);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::attention_backward(const at::Tensor& q, const at::Tensor& k,
+                                                                            const at::Tensor& v, const at::Tensor& out,
+                                                                            const at::Tensor& lse,
+                                                                            const at::Tensor& dout,
+                                                                            const AttentionArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::attention_backward", "")
+                             .typed<decltype(backward_op)>();
+  return op.call(q, k, v, out, lse, dout, a.scale, a.causal, a.window_left, a.window_right, a.num_global,
+                 a.key_padding_mask, a.bias, a.layout);
+}
+
 }  // namespace strata::torch
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "strata/torch/mlr.h"
 
 namespace strata::torch {
@@ -81,6 +82,26 @@ at::Tensor mlr_attention_op(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor> op_calls::mlr_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                   const at::Tensor& v, const MlrArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::mlr_attention_forward", "")
+                             .typed<decltype(forward_op)>();
+  return op.call(q, k, v, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
+                 a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::mlr_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& dout, const MlrArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::mlr_attention_backward", "")
+                             .typed<decltype(backward_op)>();
+  return op.call(q, k, v, out, lse, dout, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
+                 a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
+}
+
 }  // namespace strata::torch
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "strata/torch/baselines.h"
 #include "strata/torch/monarch.h"
 
@@ -34,16 +35,20 @@ MonarchArgs make_args(const char* where, int64_t num_steps, int64_t block_size, 
   return a;
 }
 
-// strata::monarch_attention_forward (CPU): returns (out, state).
+// strata::monarch_attention_forward (CPU): returns (out, state); state is a 0-element float32
+// tensor when not save_state.
 std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               int64_t num_steps, int64_t block_size, c10::string_view pad,
                                               c10::string_view mode, std::optional<double> scale,
                                               const std::optional<at::Tensor>& key_padding_mask,
-                                              c10::string_view layout) {
+                                              c10::string_view layout, bool save_state) {
   return rethrow_as_c10([&] {
-    return monarch_attention_forward(q, k, v,
-                                     make_args("monarch_attention_forward", num_steps, block_size, pad, mode, scale,
-                                               key_padding_mask, layout));
+    auto [out, state] = monarch_attention_forward(q, k, v,
+                                                  make_args("monarch_attention_forward", num_steps, block_size, pad,
+                                                            mode, scale, key_padding_mask, layout),
+                                                  save_state);
+    if (!state.defined()) state = at::empty({0}, at::TensorOptions().dtype(at::kFloat));
+    return std::tuple<at::Tensor, at::Tensor>{out, state};
   });
 }
 
@@ -57,6 +62,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
                                       make_args("monarch_attention_backward", num_steps, block_size, pad, mode,
                                                 scale, key_padding_mask, layout));
   });
+}
+
+// strata::performer_omega (CompositeExplicitAutograd: no tensor inputs; a random draw).
+at::Tensor omega_op(int64_t head_dim, int64_t num_features, std::optional<int64_t> seed) {
+  return rethrow_as_c10([&] { return performer_omega(head_dim, num_features, seed); });
 }
 
 // strata::monarch_attention (differentiable; float64 -> the double reference).
@@ -98,6 +108,34 @@ double nystrom_flops_op(int64_t N, int64_t D, int64_t Dv, int64_t m, int64_t ite
 }
 
 }  // namespace
+
+at::Tensor op_calls::performer_omega(int64_t head_dim, int64_t num_features, std::optional<int64_t> seed) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("strata::performer_omega", "").typed<decltype(omega_op)>();
+  return op.call(head_dim, num_features, seed);
+}
+
+std::tuple<at::Tensor, at::Tensor> op_calls::monarch_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                       const at::Tensor& v, const MonarchArgs& a,
+                                                                       bool save_state) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::monarch_attention_forward", "")
+                             .typed<decltype(forward_op)>();
+  return op.call(q, k, v, a.num_steps, a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale,
+                 a.key_padding_mask, a.layout, save_state);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::monarch_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state, const at::Tensor& dout,
+    const MonarchArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::monarch_attention_backward", "")
+                             .typed<decltype(backward_op)>();
+  return op.call(q, k, v, state.defined() ? std::optional<at::Tensor>(state) : std::nullopt, dout, a.num_steps,
+                 a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale, a.key_padding_mask,
+                 a.layout);
+}
+
 }  // namespace strata::torch
 
 // FLOP counts (2 x matmul MACs, per sequence): no tensor arguments, so catch-all kernels.
@@ -118,6 +156,8 @@ TORCH_LIBRARY_IMPL(strata, Autograd, m) {
   m.impl("monarch_attention_forward", strata::torch::binding::non_differentiable());
   m.impl("monarch_attention_backward", strata::torch::binding::non_differentiable());
 }
+
+TORCH_LIBRARY_IMPL(strata, CompositeExplicitAutograd, m) { m.impl("performer_omega", &strata::torch::omega_op); }
 
 TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {
   m.impl("monarch_attention", &strata::torch::monarch_op);

@@ -3,13 +3,15 @@
 // constructors return the integer list (alpha: 1.0 per level), every other op decodes it once
 // (strata::torch::decode_spec; errors name 'spec' or 'alpha'). CPU kernels for the forward /
 // backward (not differentiable), CompositeImplicitAutograd for the differentiable
-// structured_linear and for to_dense, catch-all kernels for the spec functions (no tensors).
+// structured_linear, CompositeExplicitAutograd for to_dense (not differentiable; a fake for
+// torch.compile), catch-all kernels for the spec functions (no tensors).
 #include <torch/library.h>
 
 #include <optional>
 #include <string>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "strata/torch/structured.h"
 
 namespace strata::torch {
@@ -28,14 +30,24 @@ at::Tensor forward_op(const at::Tensor& x, at::TensorList factors, c10::IntArray
   });
 }
 
+std::tuple<at::Tensor, at::Tensor> forward_saving_op(const at::Tensor& x, at::TensorList factors,
+                                                     c10::IntArrayRef spec, c10::ArrayRef<double> alpha) {
+  return rethrow_as_c10([&] {
+    return structured_forward_saving(decode_spec("structured_forward_saving", ints(spec), doubles(alpha)), x,
+                                     tensors(factors));
+  });
+}
+
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> backward_op(const at::Tensor& x, at::TensorList factors,
                                                                            c10::IntArrayRef spec,
                                                                            c10::ArrayRef<double> alpha,
                                                                            const at::Tensor& dy, bool input_grad,
-                                                                           bool factor_grads) {
+                                                                           bool factor_grads,
+                                                                           const std::optional<at::Tensor>& saved) {
   return rethrow_as_c10([&] {
     auto [dx, df] = structured_backward(decode_spec("structured_backward", ints(spec), doubles(alpha)), x,
-                                        tensors(factors), dy, input_grad, factor_grads);
+                                        tensors(factors), dy, input_grad, factor_grads,
+                                        saved.value_or(at::Tensor()));
     return std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>>(
         dx.defined() ? std::optional<at::Tensor>(dx) : std::nullopt, df);
   });
@@ -114,6 +126,14 @@ std::vector<int64_t> factor_shapes_op(c10::IntArrayRef spec, c10::ArrayRef<doubl
     return flat;
   });
 }
+// (tile_rows, per_tile): structured_saved_layout, for the fake of structured_forward_saving.
+std::tuple<int64_t, int64_t> saved_layout_op(c10::IntArrayRef spec, c10::ArrayRef<double> alpha) {
+  return rethrow_as_c10([&] {
+    const StructuredSavedLayout s =
+        structured_saved_layout(decode_spec("structured_saved_layout", ints(spec), doubles(alpha)));
+    return std::tuple<int64_t, int64_t>(s.tile_rows, s.per_tile);
+  });
+}
 // (params, forward FLOPs over `rows` rows, generic rank, plan: per level 1 = multiplied out)
 std::tuple<int64_t, double, int64_t, std::vector<int64_t>> stats_op(c10::IntArrayRef spec, c10::ArrayRef<double> alpha,
                                                                   int64_t rows) {
@@ -127,21 +147,52 @@ std::tuple<int64_t, double, int64_t, std::vector<int64_t>> stats_op(c10::IntArra
 }
 
 }  // namespace
+
+at::Tensor op_calls::structured_forward(const StructuredSpec& spec, const at::Tensor& x,
+                                        const std::vector<at::Tensor>& factors) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_forward", "").typed<decltype(forward_op)>();
+  return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
+}
+
+std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const StructuredSpec& spec, const at::Tensor& x,
+                                                                       const std::vector<at::Tensor>& factors) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strata::structured_forward_saving", "")
+                             .typed<decltype(forward_saving_op)>();
+  return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> op_calls::structured_backward(
+    const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors, const at::Tensor& dy,
+    bool input_grad, bool factor_grads, const at::Tensor& saved) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_backward", "").typed<decltype(backward_op)>();
+  auto [dx, df] = op.call(x, factors, encode_spec(spec), spec_alphas(spec), dy, input_grad, factor_grads,
+                          saved.defined() ? std::optional<at::Tensor>(saved) : std::nullopt);
+  return {dx.value_or(at::Tensor()), df};
+}
+
 }  // namespace strata::torch
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("structured_forward", &strata::torch::forward_op);
+  m.impl("structured_forward_saving", &strata::torch::forward_saving_op);
   m.impl("structured_backward", &strata::torch::backward_op);
 }
 
+// Every backend (a factor off the CPU gets the binding's error naming it), opaque to torch.compile.
+TORCH_LIBRARY_IMPL(strata, CompositeExplicitAutograd, m) { m.impl("structured_to_dense", &strata::torch::to_dense_op); }
+
 TORCH_LIBRARY_IMPL(strata, Autograd, m) {
   m.impl("structured_forward", strata::torch::binding::non_differentiable());
+  m.impl("structured_forward_saving", strata::torch::binding::non_differentiable());
   m.impl("structured_backward", strata::torch::binding::non_differentiable());
+  m.impl("structured_to_dense", strata::torch::binding::non_differentiable());
 }
 
 TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {
   m.impl("structured_linear", &strata::torch::linear_op);
-  m.impl("structured_to_dense", &strata::torch::to_dense_op);
 }
 
 TORCH_LIBRARY_IMPL(strata, CatchAll, m) {
@@ -153,4 +204,5 @@ TORCH_LIBRARY_IMPL(strata, CatchAll, m) {
   m.impl("structured_kronecker_spec", &strata::torch::kronecker_op);
   m.impl("structured_factor_shapes", &strata::torch::factor_shapes_op);
   m.impl("structured_stats", &strata::torch::stats_op);
+  m.impl("structured_saved_layout", &strata::torch::saved_layout_op);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "binding_util.h"
+#include "op_calls.h"
 #include "strata/torch/torch_ops.h"
 
 namespace strata::torch {
@@ -82,7 +83,7 @@ struct StructuredFunction : public ::torch::autograd::Function<StructuredFunctio
     if (is_double(x)) {
       y = reference_forward(spec, x, f);
     } else {
-      std::tie(y, z) = structured_forward_saving(spec, x, f);
+      std::tie(y, z) = op_calls::structured_forward_saving(spec, x, f);
     }
     variable_list saved{x, z};
     saved.insert(saved.end(), f.begin(), f.end());
@@ -107,7 +108,7 @@ struct StructuredFunction : public ::torch::autograd::Function<StructuredFunctio
     if (is_double(x)) {
       std::tie(dx, df) = reference_backward(spec, x, f, grads[0]);
     } else {
-      std::tie(dx, df) = structured_backward(spec, x, f, grads[0], need_dx, need_df, z);
+      std::tie(dx, df) = op_calls::structured_backward(spec, x, f, grads[0], need_dx, need_df, z);
     }
     variable_list out{dx};
     for (size_t i = 0; i < f.size(); ++i) out.push_back(i < df.size() ? df[i] : at::Tensor());
@@ -236,10 +237,10 @@ at::Tensor structured_linear(const StructuredSpec& spec, const at::Tensor& x, co
   const char* where = "structured_linear";
   validate(where, spec);
   STRATA_CHECK_ARG(x.defined(), where, "x", "a defined tensor", "an undefined tensor");
-  view_of(x, where, "x", kReferenceDTypes);  // x's dtype first, with this function's list
+  checked_dtype(x, where, "x", kReferenceDTypes);  // first, with this function's list (dtype only: fake tensors pass)
   bool grad = at::GradMode::is_enabled() && x.requires_grad();
   for (const at::Tensor& f : factors) grad = grad || (at::GradMode::is_enabled() && f.defined() && f.requires_grad());
-  if (!grad) return is_double(x) ? reference_forward(spec, x, factors) : structured_forward(spec, x, factors);
+  if (!grad) return is_double(x) ? reference_forward(spec, x, factors) : op_calls::structured_forward(spec, x, factors);
   return StructuredFunction::apply(x, at::TensorList(factors), spec);
 }
 

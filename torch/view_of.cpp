@@ -45,14 +45,20 @@ TensorView shape_only_view(const at::Tensor& t) {
   return v;
 }
 
+DType checked_dtype(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed, const char* note) {
+  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
+  DType dtype = DType::f32;
+  const bool representable = dtype_of(t.scalar_type(), &dtype);
+  STRATA_CHECK_ARG(representable && allowed.has(dtype), where, arg, detail::cat("dtype ", allowed.names(), note),
+                   torch_dtype_name(t));
+  return dtype;
+}
+
 // view_of's checks (the device's only when `on_cpu`) and the view.
 static TensorView checked_view(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
                         const char* note, bool on_cpu) {
-  STRATA_CHECK_ARG(t.defined(), where, arg, "a defined tensor", "an undefined tensor");
   TensorView v;
-  const bool representable = dtype_of(t.scalar_type(), &v.dtype);
-  STRATA_CHECK_ARG(representable && allowed.has(v.dtype), where, arg, detail::cat("dtype ", allowed.names(), note),
-                   torch_dtype_name(t));
+  v.dtype = checked_dtype(t, where, arg, allowed, note);
   if (on_cpu)
     STRATA_CHECK_ARG(t.device().is_cpu(), where, arg, "a CPU tensor", detail::cat("a tensor on ", t.device().str()));
   STRATA_CHECK_ARG(t.layout() == at::kStrided, where, arg, "a strided (dense) tensor",

@@ -127,6 +127,13 @@ std::vector<bool> structured_plan(const StructuredSpec& spec);
 // rows x inner floats per level) and spares the backward recomputing the right stages (for a BTT,
 // 4/5 of the forward's multiply-adds).
 int64_t structured_saved_size(const StructuredSpec& spec, int64_t rows);
+// The same count as a formula: ceil(rows / tile_rows) * per_tile floats (for code that knows rows
+// only symbolically, e.g. the ops' fake implementations under torch.compile).
+struct StructuredSavedLayout {
+  int64_t tile_rows = 1;  // rows per kernel tile
+  int64_t per_tile = 0;   // floats saved per tile (0: nothing to save)
+};
+StructuredSavedLayout structured_saved_layout(const StructuredSpec& spec);
 
 // y = x M^T row by row: x rows x in, y rows x out (x's dtype), factors as listed above. saved
 // (optional): a float32 1-D buffer of structured_saved_size(spec, rows) elements, written.

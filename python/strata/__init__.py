@@ -149,6 +149,8 @@ def _load_library(path: Path) -> None:
 library_path: Path = _find_library()
 _load_library(library_path)
 _ops = torch.ops.strata
+# The kernel ops' fake implementations (torch.compile / torch.export), once the ops exist.
+from . import _fake  # noqa: E402,F401
 __version__: str = _ops.info()[0]
 
 

@@ -650,14 +650,19 @@ void check_saved(const char* where, const TensorView& saved, const StructuredSpe
 
 }  // namespace
 
-int64_t structured_saved_size(const StructuredSpec& spec, int64_t rows) {
-  STRATA_CHECK_ARG(rows >= 0, "structured_saved_size", "rows", ">= 0", rows);
+StructuredSavedLayout structured_saved_layout(const StructuredSpec& spec) {
   const std::vector<bool> product = structured_plan(spec);
   std::vector<int64_t> right_out;
-  const int64_t T = cpu::structured_tile_tokens(plan_max_width(spec, product, &right_out));
-  int64_t per_tile = 0;
-  for (int64_t r : right_out) per_tile += r * T;
-  return (rows + T - 1) / T * per_tile;
+  StructuredSavedLayout s;
+  s.tile_rows = cpu::structured_tile_tokens(plan_max_width(spec, product, &right_out));
+  for (int64_t r : right_out) s.per_tile += r * s.tile_rows;
+  return s;
+}
+
+int64_t structured_saved_size(const StructuredSpec& spec, int64_t rows) {
+  STRATA_CHECK_ARG(rows >= 0, "structured_saved_size", "rows", ">= 0", rows);
+  const StructuredSavedLayout s = structured_saved_layout(spec);
+  return (rows + s.tile_rows - 1) / s.tile_rows * s.per_tile;
 }
 
 void structured_forward(const StructuredSpec& spec, const TensorView& x, const std::vector<TensorView>& factors,

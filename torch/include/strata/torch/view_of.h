@@ -18,6 +18,12 @@ TensorView view_of(const at::Tensor& t, const char* where, const char* arg);
 TensorView view_of(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
                    const char* note = "");
 
+// Checks that t is defined and of a dtype in `allowed` (the message view_of gives); reads neither
+// its sizes nor its data, so it also holds for the fake and symbolic-size tensors of torch.compile's
+// tracing. Returns the TensorView dtype.
+DType checked_dtype(const at::Tensor& t, const char* where, const char* arg, const DTypes& allowed,
+                    const char* note = "");
+
 // t's sizes and strides (t.dim() <= TensorView::kMaxDims, checked by the caller) over a data
 // pointer that is non-null (the core's checks reject null data for a non-empty tensor) and never
 // dereferenced: a view for running the core's shape checks on tensors it will not read.
