@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
     p.add_argument("--stop-after", type=int, default=0, help="leave after this step (as if killed; for tests)")
     p.add_argument("--no-compile", action="store_true", help="eager PyTorch instead of torch.compile")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (default: cuda:LOCAL_RANK when CUDA is available; strata's ops then run "
+                   "on their ATen path)")
     p.add_argument("--data", type=Path, default=None, help="tinyshakespeare.txt (default: shared/data/text/)")
     p.add_argument("--sample-tokens", type=int, default=200)
     p.add_argument("--prompt", default="ROMEO:")
@@ -69,11 +72,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---- distributed setup (before importing strata: its thread pool reads STRATA_NUM_THREADS once) ----
 
 
+LOCAL_RANK = 0
+
+
 def init_distributed():
     """(rank, world, local_world) from torchrun's environment; 1 process without it. Each rank gets
     an equal share of the cores for torch's and strata's threads unless the user set them."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    global LOCAL_RANK
+    LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
     if world > 1:
         threads = str(max(1, (os.cpu_count() or 1) // local_world))
         os.environ.setdefault("STRATA_NUM_THREADS", threads)
@@ -241,21 +249,21 @@ def mean_over_ranks(value: float) -> float:
 
 
 @torch.no_grad()
-def val_loss(model, val_ids, args) -> float:
+def val_loss(model, val_ids, args, device) -> float:
     losses = []
     for i in range(args.val_batches):  # fixed val batches (seed -1 - i), sharded as the train ones
-        x, y = batch_rows(val_ids, args.seq, args.batch, -1 - i, 0, RANK, WORLD)
+        x, y = (t.to(device) for t in batch_rows(val_ids, args.seq, args.batch, -1 - i, 0, RANK, WORLD))
         losses.append(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item())
     return mean_over_ranks(sum(losses) / len(losses))
 
 
 @torch.no_grad()
-def sample(model, prompt: str, tokens: int, temperature: float, seed: int) -> str:
+def sample(model, prompt: str, tokens: int, temperature: float, seed: int, device) -> str:
     """Autoregressive sampling, recomputing the forward over the last `context` tokens each step."""
     g = torch.Generator().manual_seed(seed)
     ids = encode(prompt) or [0]
     for _ in range(tokens):
-        logits = model(torch.tensor([ids[-model.context:]]))[0, -1].double()
+        logits = model(torch.tensor([ids[-model.context:]], device=device))[0, -1].double().cpu()
         if temperature <= 0:
             nxt = int(logits.argmax())
         else:
@@ -268,24 +276,28 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.batch % WORLD != 0:
         sys.exit(f"train_charlm: --batch {args.batch} (the global batch) must be a multiple of the {WORLD} ranks")
+    device = torch.device(args.device or (f"cuda:{LOCAL_RANK}" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", LOCAL_RANK)
     if WORLD > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     train_ids, val_ids = load_corpus(find_data(args.data))
     torch.manual_seed(args.seed)  # the same initial model on every rank (DDP also broadcasts rank 0's)
-    model = CharLM(args.width, args.layers, args.heads, args.ranks, args.seq)
+    model = CharLM(args.width, args.layers, args.heads, args.ranks, args.seq).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = args.out / "checkpoint.pt"
     start = load_checkpoint(ckpt, model, optimizer, args) if args.resume else 0
-    net = torch.nn.parallel.DistributedDataParallel(model) if WORLD > 1 else model
+    net = model if WORLD == 1 else torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
     step_fn = net if args.no_compile else torch.compile(net)
     log0(f"train_charlm: {sum(p.numel() for p in model.parameters())} parameters, {WORLD} rank(s), "
-         f"steps {start}..{args.steps}, strata {strata.__version__} ({strata.info()['isa']}), "
+         f"steps {start}..{args.steps} on {device}, strata {strata.__version__} ({strata.info()['isa']}), "
          f"{'eager' if args.no_compile else 'torch.compile'}")
     log = open(args.out / "log.jsonl", "a") if RANK == 0 else None
     t0, tokens = time.time(), 0
     for step in range(start, args.steps):
-        x, y = batch_rows(train_ids, args.seq, args.batch, args.seed, step, RANK, WORLD)
+        x, y = (t.to(device) for t in batch_rows(train_ids, args.seq, args.batch, args.seed, step, RANK, WORLD))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         loss = F.cross_entropy(step_fn(x).flatten(0, 1), y.flatten())
@@ -309,9 +321,9 @@ def main(argv=None) -> int:
         if args.stop_after and done >= args.stop_after:
             log0(f"train_charlm: stopped after step {done} (--stop-after)")
             return 0
-    val = val_loss(model, val_ids, args)
+    val = val_loss(model, val_ids, args, device)
     if RANK == 0:
-        text = sample(model, args.prompt, args.sample_tokens, args.temperature, args.seed)
+        text = sample(model, args.prompt, args.sample_tokens, args.temperature, args.seed, device)
         print(f"val loss {val:.4f} ({val / math.log(2):.3f} bits/char)\n--- sample ---\n{text}\n--------------")
         summary = {"val_loss": val, "val_bits_per_char": val / math.log(2), "steps": args.steps, "ranks": WORLD,
                    "sample": text}

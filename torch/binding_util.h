@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "strata/checks.h"
@@ -142,6 +143,20 @@ auto rethrow_as_c10(F&& f) -> decltype(f()) {
     return f();
   } catch (const Error& e) {
     TORCH_CHECK(false, e.what());
+  }
+}
+
+// Runs f; rethrows a plain c10::Error (what a kernel op's rethrow_as_c10 made of a strata::Error)
+// as a strata::Error with its message: the C++ API keeps throwing strata::Error when it reaches a
+// kernel through the dispatcher (op_calls.h). Other exceptions (c10::Error subclasses, Python's
+// under torch.compile's tracing) pass unchanged.
+template <class F>
+auto rethrow_as_strata(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    if (typeid(e) != typeid(c10::Error)) throw;
+    throw Error(e.what_without_backtrace());
   }
 }
 

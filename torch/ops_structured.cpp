@@ -152,7 +152,7 @@ at::Tensor op_calls::structured_forward(const StructuredSpec& spec, const at::Te
                                         const std::vector<at::Tensor>& factors) {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_forward", "").typed<decltype(forward_op)>();
-  return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
+  return binding::rethrow_as_strata([&] { return op.call(x, factors, encode_spec(spec), spec_alphas(spec)); });
 }
 
 std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const StructuredSpec& spec, const at::Tensor& x,
@@ -160,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const Str
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::structured_forward_saving", "")
                              .typed<decltype(forward_saving_op)>();
-  return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
+  return binding::rethrow_as_strata([&] { return op.call(x, factors, encode_spec(spec), spec_alphas(spec)); });
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> op_calls::structured_backward(
@@ -168,8 +168,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> op_calls::structured_backward(
     bool input_grad, bool factor_grads, const at::Tensor& saved) {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_backward", "").typed<decltype(backward_op)>();
-  auto [dx, df] = op.call(x, factors, encode_spec(spec), spec_alphas(spec), dy, input_grad, factor_grads,
-                          saved.defined() ? std::optional<at::Tensor>(saved) : std::nullopt);
+  auto [dx, df] = binding::rethrow_as_strata([&] {
+    return op.call(x, factors, encode_spec(spec), spec_alphas(spec), dy, input_grad, factor_grads,
+                   saved.defined() ? std::optional<at::Tensor>(saved) : std::nullopt);
+  });
   return {dx.value_or(at::Tensor()), df};
 }
 

@@ -367,10 +367,14 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
   const at::Tensor mask = at::rand({1, 12}) > 0.2;
   using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                                                  int64_t, c10::string_view, c10::string_view, std::optional<double>,
-                                                 const std::optional<at::Tensor>&, c10::string_view);
+                                                 const std::optional<at::Tensor>&, c10::string_view, bool);
   auto& disp = c10::Dispatcher::singleton();
   const auto fwd = disp.findSchemaOrThrow("strata::monarch_attention_forward", "").typed<Fwd>();
-  auto [out, state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd");
+  auto [out, state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd", /*save_state=*/true);
+  // Without save_state: the same out and a 0-element state (inference needs none).
+  auto [out_only, no_state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd", /*save_state=*/false);
+  EXPECT_TRUE(at::equal(out_only, out));
+  EXPECT_EQ(no_state.numel(), 0);
   st::MonarchArgs a;
   a.num_steps = 2;
   a.block_size = 4;
@@ -391,7 +395,7 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
                            "strata::performer_attention_flops", "strata::nystrom_attention_flops"})
     EXPECT_NO_THROW(disp.findSchemaOrThrow(name, "")) << name;
   try {  // a strata::Error arrives as a c10::Error with the same message
-    fwd.call(q, k, v, 0, 4, "pre", "stable", std::nullopt, std::nullopt, "bshd");
+    fwd.call(q, k, v, 0, 4, "pre", "stable", std::nullopt, std::nullopt, "bshd", true);
     ADD_FAILURE() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("argument 'num_steps'"), std::string::npos) << e.what();
