@@ -197,32 +197,37 @@ SentenceEncoder SentenceEncoder::load(const std::string& model_dir) {
                          BertEncoder::load(model_dir)};
 }
 
-at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, int64_t batch_size) const {
-  STRATA_CHECK_ARG(batch_size > 0, "SentenceEncoder::embed", "batch_size", "> 0", batch_size);
-  std::vector<data::Encoding> enc;
-  enc.reserve(texts.size());
-  for (const auto& t : texts) enc.push_back(tokenizer.encode(t, max_len));
-  std::vector<size_t> order(texts.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return enc[a].ids.size() < enc[b].ids.size(); });
+at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, int64_t batch_size,
+                                  const EmbedProgress& progress) const {
+  const int64_t max_positions = encoder.config().max_positions;
+  STRATA_CHECK_ARG(max_len >= 2 && max_len <= max_positions, "SentenceEncoder::embed", "max_len",
+                   "in [2, " + std::to_string(max_positions) + "] (room for [CLS] and [SEP], the model's positions)",
+                   max_len);
+  std::vector<std::vector<int64_t>> ids;
+  ids.reserve(texts.size());
+  for (const auto& t : texts) ids.push_back(tokenizer.encode(t, max_len).ids);
+  return embed_ids(ids, batch_size, progress);
+}
 
-  at::Tensor out = at::empty({int64_t(texts.size()), encoder.config().hidden}, at::kFloat);
-  for (size_t start = 0; start < order.size(); start += size_t(batch_size)) {
-    const size_t end = std::min(order.size(), start + size_t(batch_size));
-    const int64_t n = int64_t(end - start), S = int64_t(enc[order[end - 1]].ids.size());  // longest in the batch
-    at::Tensor ids = at::full({n, S}, tokenizer.pad_id(), at::kLong), mask = at::zeros({n, S}, at::kLong);
-    auto ia = ids.accessor<int64_t, 2>();
-    auto ma = mask.accessor<int64_t, 2>();
-    for (int64_t r = 0; r < n; ++r) {
-      const auto& e = enc[order[start + size_t(r)]];
-      for (size_t c = 0; c < e.ids.size(); ++c) {
-        ia[r][int64_t(c)] = e.ids[c];
-        ma[r][int64_t(c)] = 1;
-      }
-    }
-    const at::Tensor emb = encoder.embed(ids, mask);
-    for (int64_t r = 0; r < n; ++r) out[int64_t(order[start + size_t(r)])].copy_(emb[r]);
+at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& ids, int64_t batch_size,
+                                      const EmbedProgress& progress) const {
+  STRATA_CHECK_ARG(batch_size > 0, "SentenceEncoder::embed", "batch_size", "> 0", batch_size);
+  std::vector<size_t> order(ids.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  at::Tensor out = at::empty({int64_t(ids.size()), encoder.config().hidden}, at::kFloat);
+  for (size_t start = 0; start < order.size();) {
+    const size_t len = ids[order[start]].size();
+    size_t end = start;
+    while (end < order.size() && ids[order[end]].size() == len && int64_t(end - start) < batch_size) ++end;
+    at::Tensor batch = at::empty({int64_t(end - start), int64_t(len)}, at::kLong);  // rows of equal length
+    auto a = batch.accessor<int64_t, 2>();
+    for (size_t r = start; r < end; ++r)
+      for (size_t c = 0; c < len; ++c) a[int64_t(r - start)][int64_t(c)] = ids[order[r]][c];
+    const at::Tensor emb = encoder.embed(batch, at::ones_like(batch));
+    for (size_t r = start; r < end; ++r) out[int64_t(order[r])].copy_(emb[int64_t(r - start)]);
+    start = end;
+    if (progress) progress(int64_t(end), int64_t(ids.size()));
   }
   return out;
 }
