@@ -5,6 +5,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -190,6 +192,23 @@ at::Tensor BertEncoder::embed(const at::Tensor& ids, const at::Tensor& attention
   // sentence-transformers Pooling (mean) then Normalize: sum / max(count, 1e-9), x / max(|x|, 1e-12).
   const at::Tensor mean = (x * m).sum(1) / m.sum(1).clamp_min(1e-9);
   return mean / mean.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12);
+}
+
+EmbedProgress stderr_progress_bar(const std::string& label) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last{};
+  return [=](int64_t done, int64_t total) mutable {
+    const Clock::time_point now = Clock::now();
+    if (done < total && now - last < std::chrono::milliseconds(100)) return;
+    last = now;
+    const int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
+    std::fprintf(stderr, "\r%s: [%s%s] %lld/%lld sentences, %.1f s", label.c_str(), std::string(size_t(filled), '#').c_str(),
+                 std::string(size_t(width - filled), '.').c_str(), (long long)done, (long long)total,
+                 std::chrono::duration<double>(now - start).count());
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
 }
 
 SentenceEncoder SentenceEncoder::load(const std::string& model_dir) {

@@ -75,6 +75,9 @@ class BertEncoder {
 
 // Called after every batch with the sequences embedded so far and the total (a progress bar).
 using EmbedProgress = std::function<void(int64_t done, int64_t total)>;
+// A progress bar on stderr, "<label>: [#####.....] done/total sentences, 1.2 s", redrawn at most
+// 10 times a second and at the end (then a newline). For `strata embed` and strata.SentenceEncoder.
+EmbedProgress stderr_progress_bar(const std::string& label);
 
 // Tokenizer + encoder: texts to sentence embeddings (the sentence-transformers pipeline).
 struct SentenceEncoder {

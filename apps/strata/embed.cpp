@@ -94,25 +94,6 @@ std::string embeddings_json(const at::Tensor& emb, const models::ConversionMetho
   return out + "\n]}\n";
 }
 
-// A progress bar on stderr, redrawn at most 10 times a second and at the end.
-class ProgressBar {
- public:
-  void operator()(int64_t done, int64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    fmt::print(stderr, "\rstrata embed: [{}{}] {}/{} sentences, {:.1f} s", std::string(size_t(filled), '#'),
-               std::string(size_t(width - filled), '.'), done, total, secs);
-    if (done == total) fmt::print(stderr, "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_{};
-};
-
 // Writes the bytes to stdout; a failed write (a closed pipe, a full disk) is an error.
 void write_stdout(const std::string& bytes) {
   const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), stdout);
@@ -172,9 +153,8 @@ int run_embed(const EmbedOptions& o) {
   models::SentenceEncoder model = models::load_converted_encoder(method);
   model.max_len = o.max_length;
   const bool show_progress = o.progress || (::isatty(2) && int64_t(sentences.size()) > o.batch_size);
-  ProgressBar bar;
-  const at::Tensor emb = model.embed(sentences, o.batch_size,
-                                     show_progress ? models::EmbedProgress(std::ref(bar)) : models::EmbedProgress{});
+  const at::Tensor emb =
+      model.embed(sentences, o.batch_size, show_progress ? models::stderr_progress_bar(kWhere) : models::EmbedProgress{});
 
   const std::string bytes =
       format == "json" ? embeddings_json(emb, method, o.max_length)

@@ -7,7 +7,7 @@ and of ``strata embed``, from Python::
     emb = enc.encode(["A man is playing a guitar.", "The new movie is awesome."])  # 2 x 384
 
 It runs in C++ (``torch.classes.strata.SentenceEncoder``, compiled into
-``libstrata_torch_encoder.so`` beside ``libstrata_torch.so``): WordPiece tokenisation (lower case,
+``libstrata_encoder.so`` beside ``libstrata_torch.so``): WordPiece tokenisation (lower case,
 truncated to ``max_length`` tokens), the BERT encoder with the spec's attention in the chosen
 layers (the others softmax), mean pooling over the tokens and L2 normalisation, exactly as the
 benchmark. Sentences are sorted by token count and batched with others of EQUAL length (no
@@ -32,12 +32,12 @@ from . import _check
 
 __all__ = ["SentenceEncoder"]
 
-_ENCODER_LIB_NAME = "libstrata_torch_encoder.so"
+_ENCODER_LIB_NAME = "libstrata_encoder.so"
 _loaded: Optional[Path] = None
 
 
 def _load_encoder_library() -> None:
-    """Loads libstrata_torch_encoder.so (which registers torch.classes.strata.SentenceEncoder)
+    """Loads libstrata_encoder.so (which registers torch.classes.strata.SentenceEncoder)
     from beside the op library strata loaded, once."""
     global _loaded
     if _loaded is not None:
@@ -113,13 +113,15 @@ class SentenceEncoder:
         _load_encoder_library()
         return cls(torch.classes.strata.SentenceEncoder(spec, layer_list, folder, max_length))
 
-    def encode(self, sentences: Sequence[str], batch_size: int = 32) -> torch.Tensor:
+    def encode(self, sentences: Sequence[str], batch_size: int = 32, progress: bool = False) -> torch.Tensor:
         """Sentence embeddings.
 
         Args:
             sentences: n sentences (str).
             batch_size: sentences of equal token count per forward (>= 1); the result does not
                 depend on it beyond fp32 round-off.
+            progress: draw a progress bar on the process's stderr (file descriptor 2, written by
+                the C++ encoder, as ``strata embed`` does).
 
         Returns:
             n x 384 float32 tensor (CPU), row i the L2-normalised embedding of ``sentences[i]``;
@@ -128,7 +130,8 @@ class SentenceEncoder:
         where = "SentenceEncoder.encode"
         texts = _sentences(sentences, where)
         batch_size = _check.integer(batch_size, where, "batch_size", minimum=1)
-        return self._enc.encode(texts, batch_size)
+        progress = _check.boolean(progress, where, "progress")
+        return self._enc.encode(texts, batch_size, progress)
 
     @property
     def method(self) -> str:

@@ -123,6 +123,17 @@ def test_max_length_truncates(softmax_encoder, tmp_path):
     assert max_diff(enc.encode([long_text]), softmax_encoder.encode([long_text])) > 1e-4
 
 
+def test_progress_bar_on_request(softmax_encoder, capfd):
+    n = len(sentences())
+    softmax_encoder.encode(sentences(), batch_size=2, progress=True)
+    assert f"SentenceEncoder.encode: [{'#' * 30}] {n}/{n} sentences" in capfd.readouterr().err
+    softmax_encoder.encode(sentences())
+    assert capfd.readouterr().err == ""
+    # The CLI: with --progress, and never on a stderr that is not a terminal without it.
+    assert f"] {n}/{n} sentences" in run_cli("--progress", stdin=SENTENCES_FILE.read_bytes()).stderr.decode()
+    assert "sentences, " not in run_cli(stdin=SENTENCES_FILE.read_bytes()).stderr.decode()
+
+
 def test_encoder_properties(softmax_encoder):
     enc = strata.SentenceEncoder.load("monarch:T=2,B=8", layers=(3, 4, 5))
     assert enc.method == "monarch:T=2,B=8@3,4,5"
@@ -139,6 +150,7 @@ def test_python_errors_name_the_argument(softmax_encoder):
     assert_raises_naming(TypeError, lambda: enc.encode(["a", 3]), "argument 'sentences[1]'")
     assert_raises_naming(ValueError, lambda: enc.encode(["a"], batch_size=0), "argument 'batch_size'")
     assert_raises_naming(TypeError, lambda: enc.encode(["a"], batch_size=2.0), "argument 'batch_size'")
+    assert_raises_naming(TypeError, lambda: enc.encode(["a"], progress="yes"), "argument 'progress'")
     assert_raises_naming(TypeError, lambda: load(spec=3), "argument 'spec'")
     assert_raises_naming(TypeError, lambda: load(layers=[1.5]), "argument 'layers[0]'")
     assert_raises_naming(TypeError, lambda: load(model_dir=3), "argument 'model_dir'")

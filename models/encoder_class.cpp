@@ -1,16 +1,18 @@
-// torch/encoder_class.cpp: torch.classes.strata.SentenceEncoder, the converted sentence encoder
+// models/encoder_class.cpp: torch.classes.strata.SentenceEncoder, the converted sentence encoder
 // of models/conversion.h (all-MiniLM-L6-v2 with any attention spec in any layers) as a
 // TorchScript custom class, so that Python (python/strata/encoder.py) runs the very encoder the
-// conversion benchmark and `strata embed` run: no math in Python. Compiled into its own library,
-// libstrata_torch_encoder.so (cmake/strata_encoder.cmake), so that libstrata_torch.so stays free
-// of models/ and data/ (which link it).
+// conversion benchmark and `strata embed` run: no math in Python. It lives in models/ (which
+// builds on LibTorch) because it binds a model: torch/ sits below models/ and must not include
+// it. Compiled into its own library, libstrata_encoder.so (cmake/strata_encoder.cmake), put beside
+// libstrata_torch.so, which stays free of models/ and data/ (they link it).
 //
 // Methods (errors are strata::Error, RuntimeError in Python, naming the argument):
 //   __init__(str spec, int[] layers, str model_dir, int max_length)
 //       spec "<kind>[:key=value,...][@layer,...]" (models/attention_zoo.h); layers apart from
 //       the spec (empty: the spec's own, or all); model_dir "" = the installed model
 //       (data::find_minilm_dir); max_length tokens incl. [CLS] and [SEP], in [2, 512].
-//   encode(str[] texts, int batch_size) -> Tensor   n x hidden float32 (SentenceEncoder::embed)
+//   encode(str[] texts, int batch_size, bool progress) -> Tensor   n x hidden float32
+//       (SentenceEncoder::embed; progress: a bar on stderr, models::stderr_progress_bar)
 //   method() -> str  (spec[@layers] as given), spec() -> str (canonical), layers() -> int[]
 //   (empty: all), dim() -> int (hidden), max_length() -> int
 #include <torch/custom_class.h>
@@ -63,9 +65,11 @@ class SentenceEncoderClass : public torch::CustomClassHolder {
     model_.max_len = max_length;
   }
 
-  // texts: n strings -> n x hidden float32, L2-normalised rows.
-  at::Tensor encode(std::vector<std::string> texts, int64_t batch_size) const {
-    return model_.embed(texts, batch_size);
+  // texts: n strings -> n x hidden float32, L2-normalised rows; progress: a bar on stderr.
+  at::Tensor encode(std::vector<std::string> texts, int64_t batch_size, bool progress) const {
+    return model_.embed(texts, batch_size,
+                        progress ? strata::models::stderr_progress_bar("SentenceEncoder.encode")
+                                 : strata::models::EmbedProgress{});
   }
   std::string method() const { return method_.label(); }
   std::string spec() const { return strata::models::to_string(method_.spec); }
