@@ -224,7 +224,14 @@ at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, int64_t
                    max_len);
   std::vector<std::vector<int64_t>> ids;
   ids.reserve(texts.size());
-  for (const auto& t : texts) ids.push_back(tokenizer.encode(t, max_len).ids);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    try {
+      ids.push_back(tokenizer.encode(texts[i], max_len).ids);
+    } catch (const Error& e) {  // which text (the CLI's line number), e.g. for invalid UTF-8
+      throw Error(detail::cat("SentenceEncoder::embed: text ", i + 1, " of ", texts.size(), " (texts[", i, "]): ",
+                              e.what()));
+    }
+  }
   return embed_ids(ids, batch_size, progress);
 }
 

@@ -88,7 +88,8 @@ struct SentenceEncoder {
   // vocab.txt, config.json and model.safetensors from a model directory.
   static SentenceEncoder load(const std::string& model_dir);
   // n x hidden float32, row i for texts[i]: each text tokenised (truncated to max_len, which
-  // must be in [2, max_positions]), then embed_ids. n = 0 gives 0 x hidden.
+  // must be in [2, max_positions]), then embed_ids. n = 0 gives 0 x hidden. A text the tokenizer
+  // rejects (invalid UTF-8) is a strata::Error naming it: "text i+1 of n (texts[i])".
   at::Tensor embed(const std::vector<std::string>& texts, int64_t batch_size = 32,
                    const EmbedProgress& progress = {}) const;
   // n x hidden float32, row i for ids[i] ([CLS] ... [SEP], as tokenizer.encode gives, each at most

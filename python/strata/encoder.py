@@ -56,12 +56,17 @@ def _load_encoder_library() -> None:
 
 
 def _sentences(value: Any, where: str) -> List[str]:
-    """value as a list of str: a sequence (not a str itself) whose every element is a str."""
+    """value as a list of str: a sequence (not a str itself) whose every element is a str that
+    UTF-8 can encode (a lone surrogate cannot: ValueError, instead of torch's binding error)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         _check.fail(where, "sentences", "a sequence of str (a list of sentences)", _check._got(value), TypeError)
     for i, s in enumerate(value):
         if not isinstance(s, str):
             _check.fail(where, f"sentences[{i}]", "a str", _check._got(s), TypeError)
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            _check.fail(where, f"sentences[{i}]", "a str that UTF-8 can encode", f"{e.reason} at {e.start}")
     return list(value)
 
 

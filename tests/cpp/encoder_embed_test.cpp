@@ -141,6 +141,9 @@ TEST_F(EmbedTest, ChecksItsArguments) {
     EXPECT_NE(message([&] { model.embed(texts_); }).find("argument 'max_len'"), std::string::npos) << bad;
   }
   model.max_len = 256;
+  const std::string bad_utf8 = message([&] { model.embed({"fine", "\xff not UTF-8", "fine"}); });
+  EXPECT_NE(bad_utf8.find("text 2 of 3 (texts[1])"), std::string::npos) << bad_utf8;
+  EXPECT_NE(bad_utf8.find("valid UTF-8"), std::string::npos) << bad_utf8;
   EXPECT_NE(message([] { strata::models::load_converted_encoder(parse_conversion_method("monarch@6")); })
                 .find("argument 'layers'"),
             std::string::npos);

@@ -151,6 +151,7 @@ def test_python_errors_name_the_argument(softmax_encoder):
     assert_raises_naming(ValueError, lambda: enc.encode(["a"], batch_size=0), "argument 'batch_size'")
     assert_raises_naming(TypeError, lambda: enc.encode(["a"], batch_size=2.0), "argument 'batch_size'")
     assert_raises_naming(TypeError, lambda: enc.encode(["a"], progress="yes"), "argument 'progress'")
+    assert_raises_naming(ValueError, lambda: enc.encode(["ok", "a\udcff"]), "argument 'sentences[1]'")  # a lone surrogate
     assert_raises_naming(TypeError, lambda: load(spec=3), "argument 'spec'")
     assert_raises_naming(TypeError, lambda: load(layers=[1.5]), "argument 'layers[0]'")
     assert_raises_naming(TypeError, lambda: load(model_dir=3), "argument 'model_dir'")
@@ -176,5 +177,6 @@ def test_cli_errors_name_the_argument(softmax_encoder, tmp_path):
     assert "argument '--output'" in error("--output", "/dev/null/e.npy")
     assert "--format" in error("--format", "csv")
     assert "--batch-size" in error("--batch-size", "0")
+    assert "text 2 of 3" in error(stdin=b"ok\n\xff bad UTF-8\nok\n") and "valid UTF-8" in error(stdin=b"\xff\n")
     assert "setup_encoder.sh" in error(env={**os.environ, "STRATA_MINILM_DIR": str(tmp_path / "none")})
     assert not (tmp_path / "none").exists()
