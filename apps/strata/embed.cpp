@@ -6,7 +6,7 @@
 //   strata embed --method "monarch:T=2,B=8" [--layers 3 4 5] < sentences.txt > embeddings.npy
 //
 // Input: one sentence per line (UTF-8; a trailing '\r' is dropped; an empty line is an empty
-// sentence, so row i is line i). Output: .npy (float32, n x hidden) or JSON, to stdout or
+// sentence, so row i is line i + 1). Output: .npy (float32, n x hidden) or JSON, to stdout or
 // atomically to --output. Every argument is checked before the model is loaded.
 #include <fmt/core.h>
 #include <fmt/format.h>
