@@ -6,9 +6,13 @@
 #   strata_models   LibTorch: the BERT encoder with pluggable attention, the attention zoo it
 #                   converts to (softmax / Monarch / Nystrom / Performer) and the conversion
 #                   evaluation (STS-B, long passages, FLOPs)                      (models/)
-#   strata_encoder_tests  GoogleTest, ctest -L encoder. Without strata_torch (a torch-free
-#                   configuration that includes this file) it holds only the data_* tests, so the
-#                   fuzz test also runs under ASan + UBSan.
+#   strata_encoder  LibTorch, shared: torch.classes.strata.SentenceEncoder, the converted encoder
+#                   for Python (models/encoder_class.cpp; python/strata/encoder.py loads
+#                   libstrata_encoder.so from beside libstrata_torch.so, which stays free of
+#                   models/ and data/). Also built for the pip package (STRATA_BUILD_ENCODER).
+#   strata_encoder_tests  GoogleTest, ctest -L encoder (only with STRATA_BUILD_CLI). Without
+#                   strata_torch (a torch-free configuration that includes this file) it holds only
+#                   the data_* tests, so the fuzz test also runs under ASan + UBSan.
 # The model itself comes from scripts/setup_encoder.sh; tests that need it skip without it.
 find_package(nlohmann_json 3 REQUIRED)
 find_package(PkgConfig REQUIRED)
@@ -20,6 +24,7 @@ add_library(strata_data STATIC
   ${PROJECT_SOURCE_DIR}/data/files.cpp
   ${PROJECT_SOURCE_DIR}/data/icr.cpp
   ${PROJECT_SOURCE_DIR}/data/minilm.cpp
+  ${PROJECT_SOURCE_DIR}/data/npy.cpp
   ${PROJECT_SOURCE_DIR}/data/safetensors.cpp
   ${PROJECT_SOURCE_DIR}/data/sha256.cpp
   ${PROJECT_SOURCE_DIR}/data/shared_files.cpp
@@ -35,6 +40,7 @@ target_compile_definitions(strata_data PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOUR
 
 set(STRATA_ENCODER_TEST_SOURCES
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_minilm_test.cpp
+  ${PROJECT_SOURCE_DIR}/tests/cpp/data_npy_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_safetensors_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_sts_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_train_test.cpp
@@ -55,9 +61,20 @@ if(TARGET strata_torch)
   list(APPEND STRATA_ENCODER_TEST_SOURCES
     ${PROJECT_SOURCE_DIR}/tests/cpp/encoder_bert_test.cpp
     ${PROJECT_SOURCE_DIR}/tests/cpp/encoder_convert_test.cpp
+    ${PROJECT_SOURCE_DIR}/tests/cpp/encoder_embed_test.cpp
     ${PROJECT_SOURCE_DIR}/tests/cpp/encoder_reference_data.cpp
   )
   list(APPEND STRATA_ENCODER_TEST_LIBS strata_models)
+
+  add_library(strata_encoder SHARED ${PROJECT_SOURCE_DIR}/models/encoder_class.cpp)
+  target_compile_options(strata_encoder PRIVATE ${STRATA_WARNINGS})
+  target_link_libraries(strata_encoder PRIVATE strata_models)
+  # Beside libstrata_torch.so (build/<config>/torch/), where python/strata/encoder.py looks.
+  set_target_properties(strata_encoder PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/torch)
+endif()
+
+if(NOT STRATA_BUILD_CLI)  # the pip package: no GoogleTest
+  return()
 endif()
 
 add_executable(strata_encoder_tests ${STRATA_ENCODER_TEST_SOURCES})

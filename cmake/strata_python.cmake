@@ -27,7 +27,8 @@ list(APPEND CMAKE_PREFIX_PATH "${STRATA_TORCH_PREFIX}")
 # Installs `target` (a shared library) into the package: site-packages/strata/, where
 # python/strata/__init__.py looks for it. Its RUNPATH names torch's libraries beside it
 # (site-packages/torch/lib); `import strata` has imported torch, so they are loaded anyway.
+# $ORIGIN: libstrata_encoder.so needs libstrata_torch.so, which lies beside it.
 function(strata_install_into_package target)
-  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/../torch/lib")
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN;$ORIGIN/../torch/lib")
   install(TARGETS ${target} LIBRARY DESTINATION strata)
 endfunction()

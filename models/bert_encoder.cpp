@@ -5,6 +5,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -192,37 +194,66 @@ at::Tensor BertEncoder::embed(const at::Tensor& ids, const at::Tensor& attention
   return mean / mean.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12);
 }
 
+EmbedProgress stderr_progress_bar(const std::string& label) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last{};
+  return [=](int64_t done, int64_t total) mutable {
+    const Clock::time_point now = Clock::now();
+    if (done < total && now - last < std::chrono::milliseconds(100)) return;
+    last = now;
+    const int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
+    std::fprintf(stderr, "\r%s: [%s%s] %lld/%lld sentences, %.1f s", label.c_str(), std::string(size_t(filled), '#').c_str(),
+                 std::string(size_t(width - filled), '.').c_str(), (long long)done, (long long)total,
+                 std::chrono::duration<double>(now - start).count());
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
 SentenceEncoder SentenceEncoder::load(const std::string& model_dir) {
   return SentenceEncoder{data::WordPieceTokenizer::from_vocab_file(model_dir + "/vocab.txt"),
                          BertEncoder::load(model_dir)};
 }
 
-at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, int64_t batch_size) const {
-  STRATA_CHECK_ARG(batch_size > 0, "SentenceEncoder::embed", "batch_size", "> 0", batch_size);
-  std::vector<data::Encoding> enc;
-  enc.reserve(texts.size());
-  for (const auto& t : texts) enc.push_back(tokenizer.encode(t, max_len));
-  std::vector<size_t> order(texts.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return enc[a].ids.size() < enc[b].ids.size(); });
-
-  at::Tensor out = at::empty({int64_t(texts.size()), encoder.config().hidden}, at::kFloat);
-  for (size_t start = 0; start < order.size(); start += size_t(batch_size)) {
-    const size_t end = std::min(order.size(), start + size_t(batch_size));
-    const int64_t n = int64_t(end - start), S = int64_t(enc[order[end - 1]].ids.size());  // longest in the batch
-    at::Tensor ids = at::full({n, S}, tokenizer.pad_id(), at::kLong), mask = at::zeros({n, S}, at::kLong);
-    auto ia = ids.accessor<int64_t, 2>();
-    auto ma = mask.accessor<int64_t, 2>();
-    for (int64_t r = 0; r < n; ++r) {
-      const auto& e = enc[order[start + size_t(r)]];
-      for (size_t c = 0; c < e.ids.size(); ++c) {
-        ia[r][int64_t(c)] = e.ids[c];
-        ma[r][int64_t(c)] = 1;
-      }
+at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, int64_t batch_size,
+                                  const EmbedProgress& progress) const {
+  const int64_t max_positions = encoder.config().max_positions;
+  STRATA_CHECK_ARG(max_len >= 2 && max_len <= max_positions, "SentenceEncoder::embed", "max_len",
+                   "in [2, " + std::to_string(max_positions) + "] (room for [CLS] and [SEP], the model's positions)",
+                   max_len);
+  std::vector<std::vector<int64_t>> ids;
+  ids.reserve(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    try {
+      ids.push_back(tokenizer.encode(texts[i], max_len).ids);
+    } catch (const Error& e) {  // which text (the CLI's line number), e.g. for invalid UTF-8
+      throw Error(detail::cat("SentenceEncoder::embed: text ", i + 1, " of ", texts.size(), " (texts[", i, "]): ",
+                              e.what()));
     }
-    const at::Tensor emb = encoder.embed(ids, mask);
-    for (int64_t r = 0; r < n; ++r) out[int64_t(order[start + size_t(r)])].copy_(emb[r]);
+  }
+  return embed_ids(ids, batch_size, progress);
+}
+
+at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& ids, int64_t batch_size,
+                                      const EmbedProgress& progress) const {
+  STRATA_CHECK_ARG(batch_size > 0, "SentenceEncoder::embed", "batch_size", "> 0", batch_size);
+  std::vector<size_t> order(ids.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  at::Tensor out = at::empty({int64_t(ids.size()), encoder.config().hidden}, at::kFloat);
+  for (size_t start = 0; start < order.size();) {
+    const size_t len = ids[order[start]].size();
+    size_t end = start;
+    while (end < order.size() && ids[order[end]].size() == len && int64_t(end - start) < batch_size) ++end;
+    at::Tensor batch = at::empty({int64_t(end - start), int64_t(len)}, at::kLong);  // rows of equal length
+    auto a = batch.accessor<int64_t, 2>();
+    for (size_t r = start; r < end; ++r)
+      for (size_t c = 0; c < len; ++c) a[int64_t(r - start)][int64_t(c)] = ids[order[r]][c];
+    const at::Tensor emb = encoder.embed(batch, at::ones_like(batch));
+    for (size_t r = start; r < end; ++r) out[int64_t(order[r])].copy_(emb[int64_t(r - start)]);
+    start = end;
+    if (progress) progress(int64_t(end), int64_t(ids.size()));
   }
   return out;
 }

@@ -73,6 +73,12 @@ class BertEncoder {
   std::vector<Layer> layers_;
 };
 
+// Called after every batch with the sequences embedded so far and the total (a progress bar).
+using EmbedProgress = std::function<void(int64_t done, int64_t total)>;
+// A progress bar on stderr, "<label>: [#####.....] done/total sentences, 1.2 s", redrawn at most
+// 10 times a second and at the end (then a newline). For `strata embed` and strata.SentenceEncoder.
+EmbedProgress stderr_progress_bar(const std::string& label);
+
 // Tokenizer + encoder: texts to sentence embeddings (the sentence-transformers pipeline).
 struct SentenceEncoder {
   data::WordPieceTokenizer tokenizer;
@@ -81,9 +87,20 @@ struct SentenceEncoder {
 
   // vocab.txt, config.json and model.safetensors from a model directory.
   static SentenceEncoder load(const std::string& model_dir);
-  // n x hidden float32, row i for texts[i]. Texts are batched by token count (batch_size per
-  // forward) so that little padding is computed.
-  at::Tensor embed(const std::vector<std::string>& texts, int64_t batch_size = 64) const;
+  // n x hidden float32, row i for texts[i]: each text tokenised (truncated to max_len, which
+  // must be in [2, max_positions]), then embed_ids. n = 0 gives 0 x hidden. A text the tokenizer
+  // rejects (invalid UTF-8) is a strata::Error naming it: "text i+1 of n (texts[i])".
+  at::Tensor embed(const std::vector<std::string>& texts, int64_t batch_size = 32,
+                   const EmbedProgress& progress = {}) const;
+  // n x hidden float32, row i for ids[i] ([CLS] ... [SEP], as tokenizer.encode gives, each at most
+  // max_positions). Every sequence runs at its own length: sorted by length, then batches of up
+  // to batch_size sequences of EQUAL length, rows put back in input order. No padding enters any
+  // attention, so a method that depends on the length (Monarch's default block floor(sqrt(N)),
+  // Nystromformer's segments) sees each sentence as if it ran alone, and the rows equal
+  // one-at-a-time embeddings up to the GEMMs' fp32 round-off. This is the conversion
+  // benchmark's encoder (models/conversion.h) and what `strata embed` runs.
+  at::Tensor embed_ids(const std::vector<std::vector<int64_t>>& ids, int64_t batch_size = 32,
+                       const EmbedProgress& progress = {}) const;
 };
 
 }  // namespace strata::models

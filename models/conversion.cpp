@@ -86,29 +86,6 @@ std::vector<int64_t> text_pieces(const std::string& path, const data::WordPieceT
   return tok.tokenize_ids(text.substr(0, cut == std::string::npos ? text.size() : cut));
 }
 
-// Sentence embeddings (n x hidden) with every sentence run at its own length: batches hold
-// sentences of equal token count only, so no padding enters any attention.
-at::Tensor embed_unpadded(const SentenceEncoder& model, const std::vector<std::vector<int64_t>>& ids,
-                          int64_t batch_size) {
-  std::vector<size_t> order(ids.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
-  at::Tensor out = at::empty({int64_t(ids.size()), model.encoder.config().hidden}, at::kFloat);
-  for (size_t start = 0; start < order.size();) {
-    const size_t len = ids[order[start]].size();
-    size_t end = start;
-    while (end < order.size() && ids[order[end]].size() == len && int64_t(end - start) < batch_size) ++end;
-    at::Tensor batch = at::empty({int64_t(end - start), int64_t(len)}, at::kLong);
-    auto a = batch.accessor<int64_t, 2>();
-    for (size_t r = start; r < end; ++r)
-      for (size_t c = 0; c < len; ++c) a[int64_t(r - start)][int64_t(c)] = ids[order[r]][c];
-    const at::Tensor emb = model.encoder.embed(batch, at::ones_like(batch));
-    for (size_t r = start; r < end; ++r) out[int64_t(order[r])].copy_(emb[int64_t(r - start)]);
-    start = end;
-  }
-  return out;
-}
-
 // Mean and min over rows of the cosine between rows of a and b (both L2-normalised).
 std::pair<double, double> cosine_stats(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor c = (a.to(at::kDouble) * b.to(at::kDouble)).sum(1);
@@ -196,6 +173,16 @@ ConversionMethod parse_conversion_method(const std::string& text) {
   return m;
 }
 
+ConversionMethod parse_conversion_method(const std::string& text, const std::vector<int64_t>& layers) {
+  ConversionMethod m = parse_conversion_method(text);
+  if (layers.empty()) return m;
+  STRATA_CHECK_ARG(m.layers.empty(), "parse_conversion_method", "layers",
+                   cat("the layers either after '@' in the spec or apart, not both (spec \"", text, "\")"),
+                   cat(layers.size(), " layers given apart"));
+  m.layers = layers;
+  return m;
+}
+
 std::vector<ConversionMethod> default_conversion_methods() {
   std::vector<ConversionMethod> out;
   for (const char* s : {
@@ -277,7 +264,7 @@ ConversionReport evaluate(const char* where, const ConversionConfig& cfg, Senten
     convert(model.encoder, m.spec, m.layers);
     ConversionRow row;
     row.method = m;
-    row.sts_spearman = sts_spearman(embed_unpadded(model, sent_ids, cfg.batch_size), gold);
+    row.sts_spearman = sts_spearman(model.embed_ids(sent_ids, cfg.batch_size), gold);
     const double softmax_rho = rep.rows.empty() ? row.sts_spearman : rep.rows[0].sts_spearman;
     row.sts_pct_of_softmax = 100 * row.sts_spearman / softmax_rho;
     row.sts_attn_flops_mean = sts_flops(m);
@@ -309,11 +296,26 @@ ConversionReport run_conversion(const ConversionConfig& cfg, SentenceEncoder& mo
   return evaluate("run_conversion", cfg, model, "", progress);
 }
 
+namespace {
+// The model directory: `given`, or data::find_minilm_dir() (throws saying how to install it).
+std::string minilm_dir(const char* where, const std::string& given) {
+  if (!given.empty()) return given;
+  std::string why;
+  const std::string dir = data::find_minilm_dir(&why);
+  STRATA_CHECK(!dir.empty(), where, ": the pretrained encoder all-MiniLM-L6-v2 is missing: ", why);
+  return dir;
+}
+}  // namespace
+
+SentenceEncoder load_converted_encoder(const ConversionMethod& method, const std::string& model_dir) {
+  SentenceEncoder model = SentenceEncoder::load(minilm_dir("load_converted_encoder", model_dir));
+  convert(model.encoder, method.spec, method.layers);
+  return model;
+}
+
 ConversionReport run_conversion(const ConversionConfig& cfg, const ConversionProgress& progress) {
   check_config("run_conversion", cfg);
-  std::string why;
-  const std::string model_dir = data::find_minilm_dir(&why);
-  STRATA_CHECK(!model_dir.empty(), "run_conversion: the pretrained encoder is missing: ", why);
+  const std::string model_dir = minilm_dir("run_conversion", "");
   SentenceEncoder model = SentenceEncoder::load(model_dir);
   return evaluate("run_conversion", cfg, model, model_dir, progress);
 }

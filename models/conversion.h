@@ -29,6 +29,14 @@ struct ConversionMethod {
 };
 // Throws strata::Error naming the bad part (the spec's own message, or the layer list's).
 ConversionMethod parse_conversion_method(const std::string& text);
+// The same with the layers given apart (`strata embed --layers`, strata.SentenceEncoder's
+// layers): `layers` empty keeps text's own (@..., or all); else text must have no '@'.
+ConversionMethod parse_conversion_method(const std::string& text, const std::vector<int64_t>& layers);
+
+// all-MiniLM-L6-v2 from model_dir ("" = data::find_minilm_dir(); strata::Error saying how to
+// install it when missing) with `method` applied: the model a conversion row embeds with
+// (SentenceEncoder::embed_ids). Layers out of the model's range are a strata::Error naming them.
+SentenceEncoder load_converted_encoder(const ConversionMethod& method, const std::string& model_dir = "");
 
 // The default method list (softmax first): Monarch T = 1..3 at the default block size, fixed
 // blocks, layer subsets; Nystromformer and Performer at several sizes.

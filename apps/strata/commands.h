@@ -99,6 +99,18 @@ struct ConvertOptions {  // convert.h
 CLI::App* add_convert(CLI::App& app, ConvertOptions& o);
 int run_convert(const ConvertOptions& o);
 
+struct EmbedOptions {  // embed.cpp
+  std::string method = "softmax";  // "<spec>[@layers]"
+  std::vector<int64_t> layers;     // empty: the spec's own, or all
+  std::string input, output;       // "" or "-": stdin / stdout
+  std::string format;              // "npy" | "json"; "": json for --output *.json, else npy
+  int64_t batch_size = 32, max_length = 256;
+  bool progress = false;           // also when stderr is not a terminal
+  int threads = 0;
+};
+CLI::App* add_embed(CLI::App& app, EmbedOptions& o);
+int run_embed(const EmbedOptions& o);
+
 struct TrainOptions {  // train.cpp
   std::string config, size, out;
   std::vector<std::string> sets;  // "key=value"

@@ -1,4 +1,4 @@
-// apps/strata/main.cpp: the `strata` command line: info, demo, convert, bench ... (CLI11).
+// apps/strata/main.cpp: the `strata` command line: info, demo, convert, embed, bench ... (CLI11).
 // Errors from the library (strata::Error, c10::Error) end the command with status 1 and one line
 // on stderr; bad flags get CLI11's message and usage.
 #include <ATen/Parallel.h>
@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
   CLI::App* demo = add_demo(app, demo_opt);
   ConvertOptions convert_opt;
   CLI::App* convert = add_convert(app, convert_opt);
+  EmbedOptions embed_opt;
+  CLI::App* embed = add_embed(app, embed_opt);
   TrainOptions train_opt;
   CLI::App* train = add_train(app, train_opt);
   EvalOptions eval_opt;
@@ -110,6 +112,7 @@ int main(int argc, char** argv) {
     if (*info) return run_info(info_opt);
     if (*demo) return run_demo(demo_opt);
     if (*convert) return run_convert(convert_opt);
+    if (*embed) return run_embed(embed_opt);
     if (*train) return run_train(train_opt);
     if (*eval) return run_eval(eval_opt);
     if (*generate) return run_generate(generate_opt);

@@ -99,6 +99,8 @@ __all__ = [
     "btt_key_transform",
     "block_diag_transform",
     "mup",
+    # the converted sentence encoder (strata.encoder)
+    "SentenceEncoder",
 ]
 
 _LIB_NAME = "libstrata_torch.so"
@@ -326,3 +328,5 @@ from .bilinear import (  # noqa: E402
     btt_factorize,
     btt_key_transform,
 )
+# The converted sentence encoder on your own text (strata.encoder, over torch.classes.strata.SentenceEncoder).
+from .encoder import SentenceEncoder  # noqa: E402

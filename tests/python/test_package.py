@@ -82,3 +82,4 @@ def test_wheel_carries_the_library(request):
     with zipfile.ZipFile(wheel) as z:
         files = set(z.namelist())
     assert "strata/libstrata_torch.so" in files and "strata/__init__.py" in files, sorted(files)
+    assert "strata/libstrata_encoder.so" in files, sorted(files)  # strata.SentenceEncoder (STRATA_BUILD_ENCODER)
