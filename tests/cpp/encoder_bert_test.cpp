@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "data/minilm.h"
+#include "minilm_suite.h"
 #include "data/sha256.h"
 #include "data/shared_files.h"
 #include "data/sts.h"
@@ -61,34 +62,8 @@ at::Tensor aten_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
       .transpose(1, 2);
 }
 
-class EncoderTest : public ::testing::Test {
+class EncoderTest : public MiniLmSuite<EncoderTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string why;
-    dir_ = strata::data::find_minilm_dir(&why);
-    if (dir_.empty()) {
-      skip_reason_ = "all-MiniLM-L6-v2 not installed: " + why;
-      return;
-    }
-    model_ = std::make_unique<SentenceEncoder>(SentenceEncoder::load(dir_));
-    // One thread for ATen and for strata's kernels: ctest runs test processes side by side, and
-    // spinning thread pools on oversubscribed cores made the STS-B pass 2-10x slower than one
-    // thread (measured on the 2-core machine: 8 s single-threaded vs 15-140 s with 2 threads).
-    saved_threads_ = {at::get_num_threads(), strata::get_num_threads()};
-    at::set_num_threads(1);
-    strata::set_num_threads(1);
-  }
-  static void TearDownTestSuite() {
-    if (model_) {
-      at::set_num_threads(saved_threads_.first);
-      strata::set_num_threads(saved_threads_.second);
-    }
-    model_.reset();
-  }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << skip_reason_;
-    model_->encoder.set_attention(strata::models::dense_attention());  // undo what a test plugged in
-  }
   // ids, mask (int64 batch x seq, padded) for texts.
   static std::pair<at::Tensor, at::Tensor> batch(const std::vector<std::string>& texts) {
     const auto b = model_->tokenizer.encode_batch(texts, 256);
@@ -97,9 +72,6 @@ class EncoderTest : public ::testing::Test {
     return {ids, mask};
   }
 
-  static inline std::string dir_, skip_reason_;
-  static inline std::unique_ptr<SentenceEncoder> model_;
-  static inline std::pair<int, int> saved_threads_;
 };
 
 TEST_F(EncoderTest, ConfigOfMiniLm) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/minilm.h"
+#include "minilm_suite.h"
 #include "data/shared_files.h"
 #include "models/attention_zoo.h"
 #include "models/bert_encoder.h"
@@ -180,32 +181,8 @@ TEST(AttentionZoo, MadeFunctionsComputeTheirMethod) {
 
 // ---- on the real encoder ------------------------------------------------------------------------
 
-class ConvertTest : public ::testing::Test {
+class ConvertTest : public MiniLmSuite<ConvertTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string why;
-    const std::string dir = strata::data::find_minilm_dir(&why);
-    if (dir.empty()) {
-      skip_reason_ = "all-MiniLM-L6-v2 not installed: " + why;
-      return;
-    }
-    model_ = std::make_unique<strata::models::SentenceEncoder>(strata::models::SentenceEncoder::load(dir));
-    // One thread (as encoder_bert_test.cpp): ctest runs test processes side by side.
-    threads_ = {at::get_num_threads(), strata::get_num_threads()};
-    at::set_num_threads(1);
-    strata::set_num_threads(1);
-  }
-  static void TearDownTestSuite() {
-    if (model_) {
-      at::set_num_threads(threads_.first);
-      strata::set_num_threads(threads_.second);
-    }
-    model_.reset();
-  }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << skip_reason_;
-    model_->encoder.set_attention(strata::models::dense_attention());
-  }
   static at::Tensor embed(const std::vector<std::string>& texts) {
     const auto b = model_->tokenizer.encode_batch(texts, 256);
     const at::Tensor ids = at::tensor(b.ids, at::kLong).view({b.batch, b.seq});
@@ -216,9 +193,6 @@ class ConvertTest : public ::testing::Test {
     return (a * b).sum(1).min().item<double>();
   }
 
-  static inline std::string skip_reason_;
-  static inline std::unique_ptr<strata::models::SentenceEncoder> model_;
-  static inline std::pair<int, int> threads_;
   // Padded batch: the short texts see masked keys, so the mask path is exercised.
   const std::vector<std::string> texts_ = {
       "A man is playing a guitar.",

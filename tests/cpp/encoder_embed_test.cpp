@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data/minilm.h"
+#include "minilm_suite.h"
 #include "models/conversion.h"
 #include "strata/error.h"
 #include "strata/threading.h"
@@ -44,49 +45,23 @@ TEST(EmbedMethod, LayersApartOrInTheSpec) {
   EXPECT_NE(message([] { parse_conversion_method("monarch:T=0", {2}); }).find("key 'T'"), std::string::npos);
 }
 
-class EmbedTest : public ::testing::Test {
+class EmbedTest : public MiniLmSuite<EmbedTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string why;
-    dir_ = strata::data::find_minilm_dir(&why);
-    if (dir_.empty()) {
-      skip_reason_ = "all-MiniLM-L6-v2 not installed: " + why;
-      return;
-    }
-    bench_ = std::make_unique<SentenceEncoder>(SentenceEncoder::load(dir_));
-    // One thread (as encoder_bert_test.cpp): ctest runs test processes side by side.
-    threads_ = {at::get_num_threads(), strata::get_num_threads()};
-    at::set_num_threads(1);
-    strata::set_num_threads(1);
-  }
-  static void TearDownTestSuite() {
-    if (bench_) {
-      at::set_num_threads(threads_.first);
-      strata::set_num_threads(threads_.second);
-    }
-    bench_.reset();
-  }
-  void SetUp() override {
-    if (!bench_) GTEST_SKIP() << skip_reason_;
-  }
 
   // The benchmark's encoder object for method m: run_conversion's model, converted as its row
   // loop does (back to softmax, then the method).
   static SentenceEncoder& benchmark_encoder(const ConversionMethod& m) {
-    strata::models::convert(bench_->encoder, strata::models::AttentionSpec{}, {});
-    strata::models::convert(bench_->encoder, m.spec, m.layers);
-    return *bench_;
+    strata::models::convert(model_->encoder, strata::models::AttentionSpec{}, {});
+    strata::models::convert(model_->encoder, m.spec, m.layers);
+    return *model_;
   }
   // The token ids run_conversion gives the model for each text.
   static std::vector<std::vector<int64_t>> token_ids(const std::vector<std::string>& texts) {
     std::vector<std::vector<int64_t>> ids;
-    for (const auto& t : texts) ids.push_back(bench_->tokenizer.encode(t, bench_->max_len).ids);
+    for (const auto& t : texts) ids.push_back(model_->tokenizer.encode(t, model_->max_len).ids);
     return ids;
   }
 
-  static inline std::string dir_, skip_reason_;
-  static inline std::unique_ptr<SentenceEncoder> bench_;
-  static inline std::pair<int, int> threads_;
   // Lengths 9, 9, 9, 3, 2, 33, 9, ...: runs of equal length batch together, others alone.
   const std::vector<std::string> texts_ = {
       "A man is playing a guitar.",
