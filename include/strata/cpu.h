@@ -12,6 +12,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, avx512_fp16 = false;
   bool amx_tile = false, amx_bf16 = false;  // CPU bits AND the OS grants the tile state
+  bool amx_bf16_cpu = false;                 // the CPU's AMX-BF16 bit alone (granted or not)
 };
 
 const CpuFeatures& cpu_features();
@@ -24,8 +25,11 @@ std::string cpu_summary();
 // What a kernel's products (attention: Q K^T and P V) compute in, for bfloat16 inputs (float32
 // inputs always compute in fp32):
 //   automatic    bf16 products with fp32 accumulation on the best engine this CPU and the active
-//                ISA have: AMX-BF16 tiles (amx_bf16), else AVX512-BF16 (avx512_bf16); fp32 where
-//                neither is there (CPUs without them, or an ISA lowered below avx512)
+//                ISA have: AMX-BF16 tiles (amx_bf16), else AVX512-BF16 (avx512_bf16) on CPUs
+//                without AMX (AMD Zen 4/5: vdpbf16ps does twice an FMA's multiply-adds); fp32
+//                elsewhere: CPUs without them, an ISA lowered below avx512, and AMX CPUs whose OS
+//                withholds the tile state (on the Intel Xeon with AMX this was written on,
+//                vdpbf16ps ran the forward 1.6x SLOWER than fp32 FMAs: 1974 vs 1215 ms, N = 4096)
 //   fp32         fp32 products (the bf16 inputs widened exactly), on every CPU
 //   avx512_bf16, amx_bf16   that engine; strata::Error naming 'compute' where it is not there
 //                (tests and benchmarks use them to compare the engines)

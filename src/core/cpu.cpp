@@ -39,6 +39,7 @@ CpuFeatures detect() {
   f.avx512vl = os_avx512 && ((b >> 31) & 1);
   f.avx512_fp16 = os_avx512 && ((d >> 23) & 1);
   const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
+  f.amx_bf16_cpu = amx_tile && amx_bf16;
   unsigned a1, b1, c1, d1;
   if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = os_avx512 && ((a1 >> 5) & 1);
   // AMX also needs the OS to grant the tile data state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -137,9 +138,10 @@ bool engine_here(Compute c) {
 
 Compute resolve_compute(const char* where, Compute want, bool bf16_inputs) {
   if (!bf16_inputs || want == Compute::fp32) return Compute::fp32;
-  if (want == Compute::automatic) {
+  if (want == Compute::automatic) {  // (why not AVX512-BF16 on AMX CPUs: strata/cpu.h)
     if (engine_here(Compute::amx_bf16)) return Compute::amx_bf16;
-    return engine_here(Compute::avx512_bf16) ? Compute::avx512_bf16 : Compute::fp32;
+    const bool vdpbf16ps_pays = !cpu_features().amx_bf16_cpu;
+    return engine_here(Compute::avx512_bf16) && vdpbf16ps_pays ? Compute::avx512_bf16 : Compute::fp32;
   }
   STRATA_CHECK_ARG(engine_here(want), where, "compute",
                    detail::cat("an engine this CPU and the active ISA (", isa_name(active_isa()), ") have: ",

@@ -173,7 +173,11 @@ void run_forward(const DenseAttnParams& p) {
   if (p.bf16_gemms && kernels.forward_bf16) return kernels.forward_bf16(p);
   kernels.forward(p);
 }
-void run_backward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).backward(p); }
+void run_backward(const DenseAttnParams& p) {
+  const cpu::DenseKernels& kernels = STRATA_ACTIVE_KERNELS(kDenseKernels);
+  if (p.bf16_gemms && kernels.backward_bf16) return kernels.backward_bf16(p);
+  kernels.backward(p);
+}
 
 }  // namespace
 

@@ -46,7 +46,7 @@ struct DenseAttnParams : AttnIO {
   const void* bias = nullptr;                   // broadcast B x Hq x Nq x Nk
   DType bias_dtype = DType::f32;
   int64_t bias_sb = 0, bias_sh = 0, bias_sq = 0, bias_sk = 0;
-  // The bf16 engine of the products (forward_bf16 only: bf16 inputs, the resolved Compute).
+  // The bf16 engine of the products (forward_bf16, backward_bf16: bf16 inputs, the resolved Compute).
   const bf16::Gemms* bf16_gemms = nullptr;
 };
 
@@ -62,6 +62,8 @@ struct DenseKernels {
   // The tiled forward with bf16 products on p.bf16_gemms (bf16 inputs, more than kDenseDecodeRows
   // queries); null in the units below AVX-512.
   void (*forward_bf16)(const DenseAttnParams& p);
+  // The backward with its score products (Q K^T, dO V^T) on p.bf16_gemms; null below AVX-512.
+  void (*backward_bf16)(const DenseAttnParams& p);
 };
 STRATA_PER_ISA(extern const DenseKernels kDenseKernels;)
 

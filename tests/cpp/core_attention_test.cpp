@@ -602,8 +602,9 @@ TEST(Attention, PaperGswaPerBranchScalesOverride) {
 // path; the new error is P rounded to bf16 for P V: each weight off by a relative delta_j, |delta_j|
 // <= 2^-9, independent across keys, so o_i moves by sum_j P_ij delta_j v_j / l_i, about 2^-9 times
 // the spread of the v_j under row i's weights, the same order as o's own output rounding (2^-9 =
-// 2e-3 relative): together about 4e-3, under 1e-2. The backward is fp32 but reads the bf16
-// forward's o and lse (D_i = rowsum(dO * O)): 2e-2 as in the sweep.
+// 2e-3 relative): together about 4e-3, under 1e-2. The backward runs Q K^T and dO V^T on the
+// engine too (bf16 inputs: exact products, fp32 sums in another order; P and dS stay fp32) and
+// reads the bf16 forward's o and lse (D_i = rowsum(dO * O)): 2e-2 as in the sweep.
 
 // The bf16 engines this CPU has (compute values; empty without AVX512-BF16).
 std::vector<Compute> bf16_engines() {
@@ -751,8 +752,8 @@ TEST(Attention, Bf16GrowingLogitsMatchReference) {
   }
 }
 
-// Which engine runs: the best this CPU has by default (AMX-BF16, else AVX512-BF16) for bf16
-// inputs only, fp32 when asked, under a lowered ISA, for float32 inputs and for decoding; an
+// Which engine runs: the best this CPU has by default (AMX-BF16, else AVX512-BF16 on CPUs without
+// AMX, strata/cpu.h) for bf16 inputs only, fp32 when asked, under a lowered ISA, for float32 inputs and for decoding; an
 // explicit engine the CPU or ISA lacks is an error naming 'compute'. Says which engines this CPU
 // has (AMX tested or not).
 TEST(Attention, ComputeResolvesToTheEnginesOfThisCpu) {
@@ -766,7 +767,9 @@ TEST(Attention, ComputeResolvesToTheEnginesOfThisCpu) {
   decode.seqlen_q = 4;
   AttentionOptions opt;
   test::IsaGuard guard;
-  const Compute best = engines.empty() ? Compute::fp32 : engines.back();
+  const Compute best = engines.size() > 1 ? Compute::amx_bf16
+                       : !engines.empty() && !cpu_features().amx_bf16_cpu ? Compute::avx512_bf16
+                                                                          : Compute::fp32;
   EXPECT_EQ(attention_compute(d, opt), best);
   EXPECT_EQ(attention_compute(d32, opt), Compute::fp32);
   EXPECT_EQ(attention_compute(decode, opt), Compute::fp32);
