@@ -37,6 +37,7 @@ AttentionOptions binding::attention_options(const char* where, const AttentionAr
   o.window_right = a.window_right;
   o.num_global = a.num_global;
   o.layout = l;
+  o.compute = parse_compute(where, a.compute);
   if (a.key_padding_mask.has_value() && a.key_padding_mask->defined())
     o.key_padding_mask = binding::mask_view_of(*a.key_padding_mask, where, "key_padding_mask", any_device);
   if (a.bias.has_value() && a.bias->defined()) {

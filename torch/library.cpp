@@ -16,15 +16,15 @@ TORCH_LIBRARY(strata, m) {
   m.def(
       "attention_forward(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, "
       "int window_left=-1, int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, "
-      "Tensor? bias=None, str layout=\"bshd\") -> (Tensor out, Tensor lse)");
+      "Tensor? bias=None, str layout=\"bshd\", str compute=\"auto\") -> (Tensor out, Tensor lse)");
   m.def(
       "attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
       "float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, int num_global=0, "
-      "Tensor? key_padding_mask=None, Tensor? bias=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
+      "Tensor? key_padding_mask=None, Tensor? bias=None, str layout=\"bshd\", str compute=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, int window_left=-1, "
       "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
-      "str layout=\"bshd\") -> Tensor out");
+      "str layout=\"bshd\", str compute=\"auto\") -> Tensor out");
   m.def(
       "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale_a=None, "
       "float? scale_b=None, str layout=\"bshd\") -> Tensor out");

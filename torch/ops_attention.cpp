@@ -20,7 +20,8 @@ using binding::rethrow_as_c10;
 // The schema's option arguments as AttentionArgs.
 AttentionArgs make_args(std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
                         int64_t num_global, const std::optional<at::Tensor>& key_padding_mask,
-                        const std::optional<at::Tensor>& bias, c10::string_view layout) {
+                        const std::optional<at::Tensor>& bias, c10::string_view layout,
+                        c10::string_view compute) {
   AttentionArgs a;
   a.scale = scale;
   a.causal = causal;
@@ -30,6 +31,7 @@ AttentionArgs make_args(std::optional<double> scale, bool causal, int64_t window
   a.key_padding_mask = key_padding_mask;
   a.bias = bias;
   a.layout = std::string(layout);
+  a.compute = std::string(compute);
   return a;
 }
 
@@ -38,10 +40,12 @@ std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Ten
                                               std::optional<double> scale, bool causal, int64_t window_left,
                                               int64_t window_right, int64_t num_global,
                                               const std::optional<at::Tensor>& key_padding_mask,
-                                              const std::optional<at::Tensor>& bias, c10::string_view layout) {
+                                              const std::optional<at::Tensor>& bias, c10::string_view layout,
+                                              c10::string_view compute) {
   return rethrow_as_c10([&] {
-    return attention_forward(
-        q, k, v, make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout));
+    return attention_forward(q, k, v,
+                             make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias,
+                                       layout, compute));
   });
 }
 
@@ -50,11 +54,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& dout, std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
     int64_t num_global, const std::optional<at::Tensor>& key_padding_mask, const std::optional<at::Tensor>& bias,
-    c10::string_view layout) {
+    c10::string_view layout, c10::string_view compute) {
   return rethrow_as_c10([&] {
     return attention_backward(
         q, k, v, out, lse, dout,
-        make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout));
+        make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout, compute));
   });
 }
 
@@ -62,10 +66,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
 at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale,
                         bool causal, int64_t window_left, int64_t window_right, int64_t num_global,
                         const std::optional<at::Tensor>& key_padding_mask, const std::optional<at::Tensor>& bias,
-                        c10::string_view layout) {
+                        c10::string_view layout, c10::string_view compute) {
   return rethrow_as_c10([&] {
     return attention(q, k, v,
-                     make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout));
+                     make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout,
+                               compute));
   });
 }
 

@@ -117,7 +117,63 @@ Outputs sdpa_fp32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        v.to(at::kFloat).requires_grad_(true), dout.to(at::kFloat), causal);
 }
 
+// Batch 0, head 0 of a BHSD tensor (batch x heads x seq x dim), as 1 x 1 x seq x dim.
+at::Tensor b0h0(const at::Tensor& t) { return t.narrow(0, 0, 1).narrow(1, 0, 1); }
+
+// The double reference (strata::reference) on batch 0, head 0: o, and dq, dk, dv when `backward`.
+Outputs reference_head0(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                        bool causal, bool backward) {
+  strata::torch::AttentionArgs a;
+  a.causal = causal;
+  a.layout = "bhsd";
+  Outputs r;
+  r.o = std::get<0>(strata::torch::reference_attention_forward(b0h0(q), b0h0(k), b0h0(v), a));
+  if (backward)
+    std::tie(r.dq, r.dk, r.dv) =
+        strata::torch::reference_attention_backward(b0h0(q), b0h0(k), b0h0(v), b0h0(dout), a);
+  return r;
+}
+
+// outputs_err of batch 0, head 0 of `a` against that reference.
+double head0_err(const Outputs& a, const Outputs& ref, bool backward) {
+  Outputs h;
+  h.o = b0h0(a.o);
+  if (backward) {
+    h.dq = b0h0(a.dq);
+    h.dk = b0h0(a.dk);
+    h.dv = b0h0(a.dv);
+  }
+  return outputs_err(h, ref, backward);
+}
+
+// The engine strata's default (compute = "auto") runs a forward of case c with (strata/cpu.h).
+std::string default_engine(const AttnCase& c) {
+  AttnDims d;
+  d.batch = c.batch;
+  d.seqlen_q = d.seqlen_k = c.seq;
+  d.heads_q = c.shared_q ? 1 : c.heads;
+  d.heads_kv = c.heads;
+  d.head_dim = d.head_dim_v = c.head_dim;
+  d.dtype = c.dtype == at::kBFloat16 ? DType::bf16 : DType::f32;
+  return compute_name(attention_compute(d, AttentionOptions{}));
+}
+
 }  // namespace
+
+std::string bf16_compute_line(const BenchRow& row) {
+  const nlohmann::ordered_json& x = row.extra;
+  if (!x.is_object() || !x.contains("fp32_compute_median_s")) return "";
+  const auto err = [&](const char* key) {
+    return x.contains(key) && x[key].is_number() ? fmt::format("{:.1e}", x[key].get<double>()) : std::string("-");
+  };
+  return fmt::format("  compute {}: {:.2f} ms; compute fp32: {:.2f} ms, {:.1f} GFLOP/s; bf16 / fp32 compute "
+                     "{:.2f}x ({:.2f}-{:.2f}); err vs double (b0 h0): ours {}, fp32 compute {}, torch.sdpa bf16 {}",
+                     x["compute"].get<std::string>(), row.ours.median_s * 1e3,
+                     x["fp32_compute_median_s"].get<double>() * 1e3, x["fp32_compute_gflops"].get<double>(),
+                     x["speedup_vs_fp32_compute"].get<double>(), x["speedup_vs_fp32_compute_min"].get<double>(),
+                     x["speedup_vs_fp32_compute_max"].get<double>(), err("ref64_max_rel_err"),
+                     err("fp32_compute_ref64_max_rel_err"), err("peer_ref64_max_rel_err"));
+}
 
 BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
   const char* where = "run_attention_row";
@@ -139,11 +195,15 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
   args.causal = c.causal;
   args.layout = "bhsd";
 
-  Outputs ours_out, peer_out;
-  std::function<void()> ours, peer;
+  const bool bf16 = c.dtype == at::kBFloat16;
+  strata::torch::AttentionArgs args_fp32 = args;  // bf16 rows: the same call in fp32 compute
+  args_fp32.compute = "fp32";
+  Outputs ours_out, peer_out, fp32_out;
+  std::function<void()> ours, peer, ours_fp32;
   at::Tensor qg, kg, vg;  // leaves that require grad, for SDPA's autograd backward
   if (!c.backward) {
     ours = [&] { ours_out.o = std::get<0>(strata::torch::attention_forward(q, k, v, args)); };
+    ours_fp32 = [&] { fp32_out.o = std::get<0>(strata::torch::attention_forward(q, k, v, args_fp32)); };
     peer = [&] { peer_out.o = at::scaled_dot_product_attention(q_for_sdpa(q, k), k, v, {}, 0.0, c.causal); };
   } else {
     qg = q.detach().requires_grad_(true);
@@ -154,6 +214,12 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
       std::tie(ours_out.dq, ours_out.dk, ours_out.dv) =
           strata::torch::attention_backward(q, k, v, o, lse, dout, args);
       ours_out.o = o;
+    };
+    ours_fp32 = [&] {
+      auto [o, lse] = strata::torch::attention_forward(q, k, v, args_fp32);
+      std::tie(fp32_out.dq, fp32_out.dk, fp32_out.dv) =
+          strata::torch::attention_backward(q, k, v, o, lse, dout, args_fp32);
+      fp32_out.o = o;
     };
     peer = [&] { peer_out = sdpa_autograd(qg, kg, vg, dout, c.causal); };
   }
@@ -174,9 +240,18 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
     row.checked_against = "torch.sdpa float32 on the same inputs";
     row.ref_max_rel_err = outputs_err(ours_out, ref, c.backward);
     row.peer_ref_max_rel_err = outputs_err(peer_out, ref, c.backward);
-    row.correct = *row.ref_max_rel_err < row.tolerance;
+    const double fp32_err = outputs_err(fp32_out, ref, c.backward);
+    row.correct = *row.ref_max_rel_err < row.tolerance && fp32_err < row.tolerance;
+    row.extra["fp32_compute_max_rel_err"] = fp32_err;  // vs that reference, as ref_max_rel_err
+    if (c.shared_q || c.seq > c.ref_max_seq) return;
+    const Outputs ref64 = reference_head0(q, k, v, dout, c.causal, c.backward);
+    row.extra["ref64_max_rel_err"] = head0_err(ours_out, ref64, c.backward);
+    row.extra["fp32_compute_ref64_max_rel_err"] = head0_err(fp32_out, ref64, c.backward);
+    row.extra["peer_ref64_max_rel_err"] = head0_err(peer_out, ref64, c.backward);
   };
-  const GroupTimes t = run_timed_group({{"strata.flash", ours}, {"torch.sdpa", peer}}, plan, check,
+  std::vector<BenchMethod> methods{{"strata.flash", ours}, {"torch.sdpa", peer}};
+  if (bf16) methods.push_back({"strata.flash compute=fp32", ours_fp32});
+  const GroupTimes t = run_timed_group(methods, plan, check,
                                        corrupt_outputs({{"o", &ours_out.o},
                                                         {"dq", &ours_out.dq},
                                                         {"dk", &ours_out.dk},
@@ -194,6 +269,16 @@ BenchRow run_attention_row(const AttnCase& c, const TimingPlan& plan) {
   row.dtype = c.dtype == at::kBFloat16 ? "bfloat16" : "float32";
   row.flops = row_flops(c);
   set_row_times(row, t.secs[0], t.secs[1]);
+  if (bf16) {
+    const TimeStats f = time_stats(t.secs[2]);
+    const RatioStats r = paired_ratio_stats(t.secs[0], t.secs[2]);  // fp32-compute time / ours
+    row.extra["compute"] = default_engine(c);
+    row.extra["fp32_compute_median_s"] = f.median_s;
+    row.extra["fp32_compute_gflops"] = row.flops / f.median_s * 1e-9;
+    row.extra["speedup_vs_fp32_compute"] = r.median;
+    row.extra["speedup_vs_fp32_compute_min"] = r.min;
+    row.extra["speedup_vs_fp32_compute_max"] = r.max;
+  }
   return row;
 }
 

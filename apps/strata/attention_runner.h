@@ -7,6 +7,11 @@
 // correct when it is < 1e-4. bfloat16 rows are judged against SDPA run in float32 on the same
 // inputs (< 2e-2), because SDPA's own bf16 gradients exceed 2e-2 at N = 16384; both errors
 // against that reference are recorded.
+// bfloat16 rows also time the same call with compute = "fp32" (strata/cpu.h) in the same rounds,
+// check it the same way, and record (in the row's extra fields) its time, the paired speedup of
+// the bf16 products over it, and, for rows of at most ref_max_seq tokens (not shared-q), the
+// error of ours, of ours in fp32 compute and of SDPA bf16 against the double reference
+// (strata::reference) on batch 0, head 0: see bf16_compute_fields.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -29,6 +34,9 @@ struct AttnCase {
   // strata gets q with 1 head; the peer, SDPA, gets q.expand() to the heads (what a user of
   // SDPA would do; its autograd sums the heads' dq).
   bool shared_q = false;
+  // bfloat16 rows: the double-reference errors (batch 0, head 0) only up to this many tokens
+  // (the reference materialises seq x seq in double).
+  int64_t ref_max_seq = 4096;
 };
 
 // "fwd", "fwd causal", "fwd+bwd", "fwd+bwd causal"; with " shared-q" appended for shared_q.
@@ -57,6 +65,10 @@ void perturb_for_test(const at::Tensor& t);
 // returns false when `outputs` has no such name. The tensors are captured by reference, so the
 // function sees what the last timed call left in them.
 CorruptFn corrupt_outputs(std::vector<std::pair<std::string, const at::Tensor*>> outputs);
+
+// The bf16-compute line of a bfloat16 row (its extra fields, the file comment), for the table:
+// "" for other rows.
+std::string bf16_compute_line(const BenchRow& row);
 
 // Runs one row (see the file comment): inputs from a fixed seed; plan.reps timed rounds (fewer
 // for rows over plan.budget_s, never under min(plan.reps, plan.min_reps)).

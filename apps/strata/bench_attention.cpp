@@ -13,6 +13,12 @@
 // SDPA gets it expand()ed to the 8 heads. N in {256, 1024, 4096} at 4096 tokens (batch 4096 / N),
 // head_dim 256 and 1024, causal and not, fwd and fwd+bwd, float32 and bfloat16 (48 rows; --quick:
 // the 4 float32 non-causal rows at N = 1024).
+//
+// bfloat16 rows run strata with its default compute (bf16 products on AMX-BF16 / AVX512-BF16 where
+// the CPU has them, strata/cpu.h) and, in the same rounds, the same call with compute = fp32; a line
+// under the row gives both times, their paired ratio, and the error of ours, of ours in fp32
+// compute and of SDPA bf16 against the double reference on batch 0, head 0 (rows up to
+// --ref-max-seq tokens; attention_runner.h).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -107,6 +113,10 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--pass", o.pass, "keep only rows of these passes (repeatable)")
       ->check(CLI::IsMember({"fwd", "fwd+bwd"}));
+  cmd->add_option("--ref-max-seq", o.ref_max_seq,
+                  "bfloat16 rows: the error against the double reference (batch 0, head 0; seq x seq in\n"
+                  "double) only up to this many tokens (default 4096; 0: none)")
+      ->check(CLI::NonNegativeNumber);
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "row",
                            "timed rounds per row (ABBA order) after one warm-up (default 7, 5 with --quick;\n"
                            "more rounds are cut back on rows over 8 s, never under those)");
@@ -116,8 +126,11 @@ CLI::App* add_bench_attention(CLI::App& bench, BenchAttentionOptions& o) {
 int run_bench_attention(const BenchAttentionOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<AttnCase> cases;
-  for (const AttnCase& c : o.shared_q ? shared_query_sweep(o.quick) : attention_sweep(o.quick))
-    if (selected(c, o)) cases.push_back(c);
+  for (AttnCase c : o.shared_q ? shared_query_sweep(o.quick) : attention_sweep(o.quick))
+    if (selected(c, o)) {
+      c.ref_max_seq = o.ref_max_seq;
+      cases.push_back(c);
+    }
   STRATA_CHECK(!cases.empty(), "strata bench attention: arguments '--seq', '--head-dim', '--dtype', '--pass': "
                "expected a selection that keeps at least one row of the ", o.quick ? "quick" : "full",
                o.shared_q ? " --shared-q" : "", " sweep, got none");
@@ -137,6 +150,7 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   for (const AttnCase& c : cases) {
     rep.rows.push_back(run_attention_row(c, plan));
     print_table_row(rep.rows.back(), rep.peak.all_gflops);
+    if (const std::string line = bf16_compute_line(rep.rows.back()); !line.empty()) fmt::print("{}\n", line);
     if (!o.json.empty()) write_json(rep, o.json);
   }
   // A busy moment at the start would understate the peak (and overstate every % of peak):

@@ -27,6 +27,7 @@ struct BenchAttentionOptions {
   std::string json, csv;  // "" = do not write
   int threads = 0;        // 0: default
   int reps = 0;           // 0: 7 (5 with --quick)
+  int64_t ref_max_seq = 4096;  // bf16 rows: double-reference errors up to this many tokens
   // Row filters (empty: all rows of the sweep).
   std::vector<int64_t> seq, head_dim;
   std::vector<std::string> dtype, pass;

@@ -35,6 +35,8 @@ int run_info(const InfoOptions& o) {
   fmt::print("features: {}\n", cpu_summary());
   fmt::print("isa:      {} (kernels dispatch to this; STRATA_ISA=scalar|avx2|avx512 lowers it)\n",
              isa_name(active_isa()));
+  fmt::print("bf16:     products of bfloat16 inputs on {} (compute = auto; strata/cpu.h)\n",
+             compute_name(resolve_compute("strata info", Compute::automatic, true)));
   fmt::print("threads:  strata {}, torch {}\n", strata::get_num_threads(), at::get_num_threads());
   if (o.peak) {
     const FmaPeak p = measure_fma_peak(threads);

@@ -20,7 +20,15 @@
 //                             shape, the sum of its heads' contributions, summed in the kernel.
 // Anything else throws strata::Error naming 'k'. head_dim and head_dim_v are any sizes >= 1 (tested
 // up to 1024, e.g. Bilinear BTT's model width; workspaces grow linearly in them).
-// q, k, v, o (and the gradients) are float32 or bfloat16, all the same dtype; math is fp32.
+// q, k, v, o (and the gradients) are float32 or bfloat16, all the same dtype; the softmax, its
+// statistics (max, sum, lse) and every accumulation are fp32. The products Q K^T and P V of a
+// bfloat16 forward run in bf16 where the CPU has AVX512-BF16 or AMX-BF16 (AttentionOptions::compute,
+// strata/cpu.h; attention_compute says which): Q K^T of the bf16 inputs is exact in fp32 before
+// the accumulation; P = exp(s - m) is rounded to bf16 (relative 2^-9) for P V, as FlashAttention
+// does on GPUs, while its row sums stay fp32. The backward runs its Q K^T and dO V^T on the same
+// engine (bf16 inputs: only the summation order changes) and keeps P^T dO, dS^T Q and dS K in
+// fp32 (P and dS are not rounded). fp32 products for float32 inputs and for calls of at most 4
+// queries (decoding).
 // Inputs may alias and have stride-0 dims (e.g. torch's expand); outputs (o, lse, dq, dk, dv)
 // must not overlap themselves (strata::Error naming the argument, after the other checks).
 //
@@ -70,6 +78,7 @@
 #include <limits>
 
 #include "strata/checks.h"
+#include "strata/cpu.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -83,6 +92,7 @@ struct AttentionOptions {
   Layout layout = Layout::BSHD;
   TensorView key_padding_mask;  // optional: batch x seqlen_k, uint8, nonzero = attend
   TensorView bias;              // optional: 4-D, broadcastable to batch x H x seqlen_q x seqlen_k
+  Compute compute = Compute::automatic;  // products of bf16 inputs (strata/cpu.h; see above)
 };
 
 // Throws strata::Error naming the option unless opt fits a call of sizes d (strata/checks.h):
@@ -99,6 +109,11 @@ struct AttentionFlops {
   double forward = 0, backward = 0;
 };
 AttentionFlops attention_flops(const AttnDims& d, bool causal);
+
+// The engine attention_forward runs the products of a call of sizes d (and d.dtype) with opt on
+// this CPU and active ISA: fp32, avx512_bf16 or amx_bf16 (the file comment says when). Throws
+// strata::Error naming 'compute' as the forward would.
+Compute attention_compute(const AttnDims& d, const AttentionOptions& opt);
 
 // Forward: writes o and lse.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -180,7 +180,7 @@ def info() -> dict:
     }
 
 
-def _attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout) -> tuple:
+def _attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout, compute) -> tuple:
     """The schema's trailing option arguments, checked (_check: exact types, errors naming the argument)."""
     left, right = _check.int_pair(window, where, "window")
     return (
@@ -192,6 +192,7 @@ def _attention_options(where, scale, causal, window, num_global, key_padding_mas
         _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
         _check.optional_tensor(bias, where, "bias"),
         _check.string(layout, where, "layout"),
+        _check.string(compute, where, "compute"),
     )
 
 
@@ -207,6 +208,7 @@ def attention(
     key_padding_mask: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> torch.Tensor:
     """Differentiable attention: ``softmax(scale * q k^T + bias + mask) v`` per (batch, head of out).
 
@@ -221,6 +223,10 @@ def attention(
         bias: added to the logits, broadcastable to batch x H x seq_q x seq_k (float32 or
             q's dtype); it gets no gradient, so it must not require grad.
         layout: "bshd" or "bhsd".
+        compute: the products of bfloat16 inputs: "auto" (bf16 products with fp32 accumulation on
+            AMX-BF16 or AVX512-BF16 where the CPU has them, else fp32), "fp32", or one engine,
+            "avx512_bf16" / "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs,
+            the backward and decoding (<= 4 queries) always compute in fp32.
 
     Returns:
         out: batch x seq_q x H x head_dim_v (in ``layout``), H = max(heads_q, heads_kv). Query
@@ -228,7 +234,8 @@ def attention(
     """
     where = "attention"
     return _ops.attention(*_check.tensors(where, q=q, k=k, v=v),
-                          *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
+                          *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout,
+                                              compute))
 
 
 def attention_forward(
@@ -243,6 +250,7 @@ def attention_forward(
     key_padding_mask: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward kernel alone; float32 / bfloat16 only. Options as :func:`attention`.
 
@@ -256,7 +264,7 @@ def attention_forward(
     where = "attention_forward"
     return _ops.attention_forward(
         *_check.tensors(where, q=q, k=k, v=v),
-        *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
+        *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout, compute))
 
 
 def attention_backward(
@@ -274,6 +282,7 @@ def attention_backward(
     key_padding_mask: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernel alone; float32 / bfloat16 only. Options must equal the forward's.
 
@@ -289,7 +298,7 @@ def attention_backward(
     where = "attention_backward"
     return _ops.attention_backward(
         *_check.tensors(where, q=q, k=k, v=v, out=out, lse=lse, dout=dout),
-        *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout))
+        *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout, compute))
 
 
 # MLR attention: after the library is loaded (strata.mlr calls torch.ops.strata.mlr_*).

@@ -39,6 +39,7 @@ CpuFeatures detect() {
   f.avx512vl = os_avx512 && ((b >> 31) & 1);
   f.avx512_fp16 = os_avx512 && ((d >> 23) & 1);
   const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
+  f.amx_bf16_cpu = amx_tile && amx_bf16;
   unsigned a1, b1, c1, d1;
   if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = os_avx512 && ((a1 >> 5) & 1);
   // AMX also needs the OS to grant the tile data state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -105,6 +106,48 @@ const char* isa_name(Isa isa) {
     case Isa::avx512: return "avx512";
   }
   return "?";
+}
+
+const char* compute_name(Compute c) {
+  switch (c) {
+    case Compute::automatic: return "auto";
+    case Compute::fp32: return "fp32";
+    case Compute::avx512_bf16: return "avx512_bf16";
+    case Compute::amx_bf16: return "amx_bf16";
+  }
+  return "?";
+}
+
+Compute parse_compute(const char* where, const std::string& s) {
+  for (Compute c : {Compute::automatic, Compute::fp32, Compute::avx512_bf16, Compute::amx_bf16})
+    if (s == compute_name(c)) return c;
+  throw_arg(where, "compute", "one of auto, fp32, avx512_bf16, amx_bf16", s);
+}
+
+namespace {
+
+// Whether a bf16 engine can run now: the CPU has it and the active ISA is avx512 (whose kernel
+// units hold the bf16 paths).
+bool engine_here(Compute c) {
+  const CpuFeatures& f = cpu_features();
+  const bool avx512 = active_isa() == Isa::avx512 && f.avx512_bf16;
+  return c == Compute::amx_bf16 ? avx512 && f.amx_bf16 : avx512;
+}
+
+}  // namespace
+
+Compute resolve_compute(const char* where, Compute want, bool bf16_inputs) {
+  if (!bf16_inputs || want == Compute::fp32) return Compute::fp32;
+  if (want == Compute::automatic) {  // (why not AVX512-BF16 on AMX CPUs: strata/cpu.h)
+    if (engine_here(Compute::amx_bf16)) return Compute::amx_bf16;
+    const bool vdpbf16ps_pays = !cpu_features().amx_bf16_cpu;
+    return engine_here(Compute::avx512_bf16) && vdpbf16ps_pays ? Compute::avx512_bf16 : Compute::fp32;
+  }
+  STRATA_CHECK_ARG(engine_here(want), where, "compute",
+                   detail::cat("an engine this CPU and the active ISA (", isa_name(active_isa()), ") have: ",
+                               cpu_summary()),
+                   compute_name(want));
+  return want;
 }
 
 std::string cpu_summary() {

@@ -63,7 +63,21 @@ void validate(const char* where, const AttentionOptions& opt, const AttnDims& d)
 
 namespace {
 
-// Validates every forward argument and fills the kernel params (o/lse included).
+// The bf16 engine of a forward of sizes d with opt, or null for fp32 products.
+const cpu::bf16::Gemms* forward_bf16_gemms(const char* where, const AttnDims& d, const AttentionOptions& opt) {
+  if (d.seqlen_q <= cpu::kDenseDecodeRows) {  // the row path (fp32); an explicit engine is still checked
+    resolve_compute(where, opt.compute, d.dtype == DType::bf16);
+    return nullptr;
+  }
+  switch (resolve_compute(where, opt.compute, d.dtype == DType::bf16)) {
+    case Compute::avx512_bf16: return &cpu::bf16::kAvx512Bf16;
+    case Compute::amx_bf16: return &cpu::bf16::kAmxBf16;
+    default: return nullptr;
+  }
+}
+
+// Validates every forward argument and fills the kernel params (o/lse included; the bf16 engine
+// of a forward).
 DenseAttnParams make_params(const char* where, const TensorView& q, const TensorView& k,
                             const TensorView& v, const TensorView& o, const TensorView& lse,
                             const AttentionOptions& opt) {
@@ -82,6 +96,7 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   p.window_left = opt.window_left;
   p.window_right = opt.window_right;
   p.num_global = opt.num_global;
+  p.bf16_gemms = forward_bf16_gemms(where, d, opt);
 
   const TensorView& m = opt.key_padding_mask;
   if (given(m)) {
@@ -153,10 +168,24 @@ void zero_leading_positions(const TensorView& t, Layout l, int64_t n) {
   for_each_index(s, [&](const int64_t* idx) { s.set(idx, 0.f); });
 }
 
-void run_forward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).forward(p); }
-void run_backward(const DenseAttnParams& p) { STRATA_ACTIVE_KERNELS(kDenseKernels).backward(p); }
+void run_forward(const DenseAttnParams& p) {
+  const cpu::DenseKernels& kernels = STRATA_ACTIVE_KERNELS(kDenseKernels);
+  if (p.bf16_gemms && kernels.forward_bf16) return kernels.forward_bf16(p);
+  kernels.forward(p);
+}
+void run_backward(const DenseAttnParams& p) {
+  const cpu::DenseKernels& kernels = STRATA_ACTIVE_KERNELS(kDenseKernels);
+  if (p.bf16_gemms && kernels.backward_bf16) return kernels.backward_bf16(p);
+  kernels.backward(p);
+}
 
 }  // namespace
+
+Compute attention_compute(const AttnDims& d, const AttentionOptions& opt) {
+  const cpu::bf16::Gemms* g = forward_bf16_gemms("attention_compute", d, opt);
+  if (!g) return Compute::fp32;
+  return g == &cpu::bf16::kAmxBf16 ? Compute::amx_bf16 : Compute::avx512_bf16;
+}
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView& lse, const AttentionOptions& opt) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/bf16_gemm.h"
 #include "core/dispatch.h"
 #include "strata/tensor.h"
 
@@ -45,13 +46,24 @@ struct DenseAttnParams : AttnIO {
   const void* bias = nullptr;                   // broadcast B x Hq x Nq x Nk
   DType bias_dtype = DType::f32;
   int64_t bias_sb = 0, bias_sh = 0, bias_sq = 0, bias_sk = 0;
+  // The bf16 engine of the products (forward_bf16, backward_bf16: bf16 inputs, the resolved Compute).
+  const bf16::Gemms* bf16_gemms = nullptr;
 };
+
+// Calls with at most this many queries (decoding) take the forward's row path (keys read in
+// place, fp32 products), whatever the Compute option.
+constexpr int64_t kDenseDecodeRows = 4;
 
 // The family's entry points, one table per ISA (src/cpu/kernels/attention.inc defines it; dispatch:
 // src/core/dispatch.h).
 struct DenseKernels {
   void (*forward)(const DenseAttnParams& p);
   void (*backward)(const DenseAttnParams& p);
+  // The tiled forward with bf16 products on p.bf16_gemms (bf16 inputs, more than kDenseDecodeRows
+  // queries); null in the units below AVX-512.
+  void (*forward_bf16)(const DenseAttnParams& p);
+  // The backward with its score products (Q K^T, dO V^T) on p.bf16_gemms; null below AVX-512.
+  void (*backward_bf16)(const DenseAttnParams& p);
 };
 STRATA_PER_ISA(extern const DenseKernels kDenseKernels;)
 

@@ -52,7 +52,8 @@ def main():
     if rc != expected_rc:
         fail(f"exit status {rc}, expected {expected_rc}")
     with open(args.json) as f:
-        rows = json.load(f)["rows"]
+        report = json.load(f)
+    rows = report["rows"]
     if not rows:
         fail("the JSON has no rows")
 
@@ -65,6 +66,17 @@ def main():
         vals = [r[k] for k in keys]
         if any(a > b * (1 + 1e-12) for a, b in zip(vals, vals[1:])):
             fail(f"{where}: expected {' <= '.join(keys)}, got {vals}")
+        # bfloat16 attention rows carry the same row in fp32 compute and the double-reference
+        # errors (attention_runner.h); the bf16 products' speedup over fp32 compute is paired.
+        if report["bench"] == "attention" and r["dtype"] == "bfloat16":
+            bf16_keys = ("compute", "fp32_compute_median_s", "fp32_compute_max_rel_err", "speedup_vs_fp32_compute",
+                         "speedup_vs_fp32_compute_min", "speedup_vs_fp32_compute_max", "ref64_max_rel_err",
+                         "fp32_compute_ref64_max_rel_err", "peer_ref64_max_rel_err")
+            missing = [k for k in bf16_keys if r.get(k) is None]
+            if missing:
+                fail(f"{where} (bfloat16) lacks {', '.join(missing)}")
+            if not r["speedup_vs_fp32_compute_min"] <= r["speedup_vs_fp32_compute"] <= r["speedup_vs_fp32_compute_max"]:
+                fail(f"{where}: speedup_vs_fp32_compute outside its min-max")
         if r["reps"] < args.min_reps:
             fail(f"{where}: {r['reps']} timed rounds, expected at least {args.min_reps}")
         if not args.corrupt and not r["correct"]:

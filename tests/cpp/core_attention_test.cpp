@@ -591,6 +591,261 @@ TEST(Attention, PaperGswaPerBranchScalesOverride) {
   expect_gswa_is_sum_of_two_softmax_branches(NAN, 0.7f, 8.0 / 8, 0.7);
 }
 
+// ---- bf16 products (AttentionOptions::compute, strata/cpu.h) ----------------------------------
+// bf16 inputs on a CPU with AVX512-BF16 (and AMX-BF16) run the forward's two products in bf16 with
+// fp32 accumulation. The sweep above already runs them (compute = auto under the avx512 ISA);
+// here every engine this CPU has is held to the reference by name, the engine is checked to be the
+// one that ran, and compute = fp32 is checked to be the fp32 path bit for bit.
+//
+// Tolerance: the sweep's bf16 one (1e-2 forward, 2e-2 gradients). Q K^T of bf16 inputs is exact in
+// fp32 before the fp32 accumulation (products of 8-bit mantissas fit in 24 bits), as in the fp32
+// path; the new error is P rounded to bf16 for P V: each weight off by a relative delta_j, |delta_j|
+// <= 2^-9, independent across keys, so o_i moves by sum_j P_ij delta_j v_j / l_i, about 2^-9 times
+// the spread of the v_j under row i's weights, the same order as o's own output rounding (2^-9 =
+// 2e-3 relative): together about 4e-3, under 1e-2. The backward runs Q K^T and dO V^T on the
+// engine too (bf16 inputs: exact products, fp32 sums in another order; P and dS stay fp32) and
+// reads the bf16 forward's o and lse (D_i = rowsum(dO * O)): 2e-2 as in the sweep.
+
+// The bf16 engines this CPU has (compute values; empty without AVX512-BF16).
+std::vector<Compute> bf16_engines() {
+  std::vector<Compute> e;
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512_bf16 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) e.push_back(Compute::avx512_bf16);
+  if (!e.empty() && f.amx_bf16) e.push_back(Compute::amx_bf16);
+  return e;
+}
+
+// Sizes of a case (its AttnDims, bf16).
+AttnDims dims_of(const Case& c) { return test::shape_of(c, {c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D, c.Dv}).d; }
+
+using Bf16ComputeSweep = ::testing::TestWithParam<Case>;
+TEST_P(Bf16ComputeSweep, EveryEngineMatchesReference) {
+  const std::vector<Compute> engines = bf16_engines();
+  if (engines.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the bf16 products are not tested here";
+  const Case& c = GetParam();
+  DenseFamily f(c);
+  const test::Shape s = f.shape();
+  const test::Tolerance tol = f.tolerance();
+  const std::vector<test::Expected> refs = f.references();
+  test::IsaGuard guard;
+  set_isa(Isa::avx512);
+  for (Compute e : engines) {
+    SCOPED_TRACE(compute_name(e));
+    f.opt.compute = e;
+    // the tiled forward takes the engine; decoding-sized calls (<= 4 queries) stay fp32
+    EXPECT_EQ(attention_compute(dims_of(c), f.opt), c.Nq > 4 ? e : Compute::fp32);
+    test::Outputs out(s);
+    f.forward(0, Isa::avx512, out);
+    test::expect_forward_near(out, refs[0], s, tol);
+    if (!c.grads) continue;
+    f.backward(0, Isa::avx512, out);
+    test::expect_backward_near(out, refs[0], s, tol);
+  }
+}
+
+// Lengths 1 (the fp32 row path), 7, 97, 1025; head dims 1, 7, 65, 129 (and unequal D, Dv); every
+// mask; GQA, MQA and a shared query; both layouts, row gaps and dim strides; all bf16.
+std::vector<Case> bf16_compute_cases() {
+  std::vector<Case> v;
+  auto bf16 = [](Case c) {
+    c.dtype = DType::bf16;
+    return c;
+  };
+  for (int64_t n : {1, 7, 97, 1025})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.Nq = c.Nk = n;
+      c.D = c.Dv = 64;
+      c.causal = causal;
+      c.grads = n < 1025 || causal;
+      v.push_back(bf16(c));
+    }
+  for (int64_t d : {1, 7, 65, 129}) {
+    Case c;
+    c.Nq = c.Nk = 97;
+    c.D = c.Dv = d;
+    v.push_back(bf16(c));
+  }
+  {
+    Case c;
+    c.Nq = c.Nk = 97;
+    c.D = 7;
+    c.Dv = 65;
+    c.causal = true;
+    v.push_back(bf16(c));
+  }
+  const std::pair<int64_t, int64_t> windows[] = {{-1, -1}, {8, 0}, {5, 3}};
+  for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {37, 97}, {97, 37}})
+    for (bool causal : {false, true})
+      for (auto [wl, wr] : windows) {
+        Case c;
+        c.B = 2;
+        c.Nq = nq;
+        c.Nk = nk;
+        c.D = c.Dv = 32;
+        c.causal = causal;
+        c.wl = wl;
+        c.wr = wr;
+        c.G = wl >= 0 ? 3 : 0;
+        c.kpm = causal;
+        c.bias = !causal || wl >= 0;
+        v.push_back(bf16(c));
+      }
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}, {1, 4}}) {
+    Case c;
+    c.Nq = c.Nk = 200;
+    c.Hq = hq;
+    c.Hkv = hkv;
+    c.D = c.Dv = 64;
+    c.causal = true;
+    v.push_back(bf16(c));
+  }
+  for (const test::Storage& st : test::every_storage()) {
+    if (st.dtype != DType::bf16) continue;
+    Case c;
+    c.set_storage(st);
+    c.B = 2;
+    c.Nq = 97;
+    c.Nk = 131;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.D = 59;
+    c.Dv = 48;
+    c.causal = st.gap > 0;
+    c.kpm = st.dim_stride > 1;
+    v.push_back(c);
+  }
+  {
+    Case c;  // a long row with every mask, head dim 128
+    c.Nq = c.Nk = 1025;
+    c.D = c.Dv = 128;
+    c.causal = true;
+    c.wl = 300;
+    c.G = 2;
+    c.kpm = true;
+    c.bias = true;
+    v.push_back(bf16(c));
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Bf16Compute, Bf16ComputeSweep, ::testing::ValuesIn(bf16_compute_cases()), case_name);
+
+// The lazily raised reference max (LogitJumpsAcrossKeyTilesMatchReference) under bf16 products:
+// key rows growing with position make later key tiles beat the running max by a little and by far.
+TEST(Attention, Bf16GrowingLogitsMatchReference) {
+  const std::vector<Compute> engines = bf16_engines();
+  if (engines.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  Case c = long_keys_case();
+  c.dtype = DType::bf16;
+  DenseFamily f(c);
+  test::grow_keys_with_position(f.in.k);
+  const test::Shape s = f.shape();
+  const std::vector<test::Expected> refs = f.references();
+  test::IsaGuard guard;
+  set_isa(Isa::avx512);
+  for (Compute e : engines) {
+    SCOPED_TRACE(compute_name(e));
+    f.opt.compute = e;
+    test::Outputs out(s);
+    f.forward(0, Isa::avx512, out);
+    test::expect_forward_near(out, refs[0], s, f.tolerance());
+  }
+}
+
+// Which engine runs: the best this CPU has by default (AMX-BF16, else AVX512-BF16 on CPUs without
+// AMX, strata/cpu.h) for bf16 inputs only, fp32 when asked, under a lowered ISA, for float32 inputs and for decoding; an
+// explicit engine the CPU or ISA lacks is an error naming 'compute'. Says which engines this CPU
+// has (AMX tested or not).
+TEST(Attention, ComputeResolvesToTheEnginesOfThisCpu) {
+  const std::vector<Compute> engines = bf16_engines();
+  std::printf("[ bf16 engines on this CPU: %s%s ]\n", engines.empty() ? "none" : compute_name(engines[0]),
+              engines.size() > 1 ? " amx_bf16 (AMX tested)" : " (no AMX here: AMX not tested)");
+  const AttnDims d{2, 64, 64, 2, 2, 64, 64, DType::bf16};
+  AttnDims d32 = d;
+  d32.dtype = DType::f32;
+  AttnDims decode = d;
+  decode.seqlen_q = 4;
+  AttentionOptions opt;
+  test::IsaGuard guard;
+  const Compute best = engines.size() > 1 ? Compute::amx_bf16
+                       : !engines.empty() && !cpu_features().amx_bf16_cpu ? Compute::avx512_bf16
+                                                                          : Compute::fp32;
+  EXPECT_EQ(attention_compute(d, opt), best);
+  EXPECT_EQ(attention_compute(d32, opt), Compute::fp32);
+  EXPECT_EQ(attention_compute(decode, opt), Compute::fp32);
+  opt.compute = Compute::fp32;
+  EXPECT_EQ(attention_compute(d, opt), Compute::fp32);
+  for (Compute e : {Compute::avx512_bf16, Compute::amx_bf16}) {
+    opt.compute = e;
+    if (std::find(engines.begin(), engines.end(), e) != engines.end()) {
+      EXPECT_EQ(attention_compute(d, opt), e);
+    } else {
+      test::expect_error([&] { attention_compute(d, opt); }, {"attention_compute: argument 'compute'", compute_name(e)});
+    }
+  }
+  if (engines.empty()) return;
+  set_isa(Isa::avx2);  // the bf16 paths live in the avx512 units
+  opt.compute = Compute::automatic;
+  EXPECT_EQ(attention_compute(d, opt), Compute::fp32);
+  opt.compute = Compute::avx512_bf16;
+  test::expect_error([&] { attention_compute(d, opt); }, {"'compute'", "active ISA (avx2)", "got avx512_bf16"});
+}
+
+TEST(Attention, ComputeNamesParse) {
+  for (Compute c : {Compute::automatic, Compute::fp32, Compute::avx512_bf16, Compute::amx_bf16})
+    EXPECT_EQ(parse_compute("t", compute_name(c)), c);
+  test::expect_error([] { parse_compute("t", "bf16"); },
+                     {"t: argument 'compute'", "one of auto, fp32, avx512_bf16, amx_bf16", "got bf16"});
+}
+
+// compute = fp32 on bf16 inputs is the fp32 path: o is the bf16 rounding of the float32 kernel's o
+// on the same (widened) values, bit for bit, and lse equal; and where the CPU has a bf16 engine,
+// compute = auto gives another o (P rounded to bf16): the bf16 path ran.
+TEST(Attention, Fp32ComputeIsTheFp32PathBitForBit) {
+  const int64_t B = 2, N = 150, H = 2, D = 64;
+  const Layout L = Layout::BSHD;
+  std::mt19937 rng(23);
+  Owned4 q(B, N, H, D, DType::bf16, L), k(B, N, H, D, DType::bf16, L), v(B, N, H, D, DType::bf16, L);
+  for (Owned4* t : {&q, &k, &v}) t->fill_random(rng);
+  auto widened = [&](const Owned4& t) {
+    Owned4 w(B, N, H, D, DType::f32, L);
+    int64_t idx[4];
+    for (idx[0] = 0; idx[0] < B; ++idx[0])
+      for (idx[1] = 0; idx[1] < N; ++idx[1])
+        for (idx[2] = 0; idx[2] < H; ++idx[2])
+          for (idx[3] = 0; idx[3] < D; ++idx[3]) w.view.set(idx, t.view.get(idx));
+    return w;
+  };
+  const Owned4 q32 = widened(q), k32 = widened(k), v32 = widened(v);
+  struct Run {
+    Owned4 o;
+    std::vector<float> lse;
+  };
+  auto run = [&](const Owned4& qq, const Owned4& kk, const Owned4& vv, Compute compute) {
+    Run r{Owned4(B, N, H, D, qq.view.dtype, L), std::vector<float>(size_t(B * H * N))};
+    AttentionOptions opt;
+    opt.causal = true;
+    opt.compute = compute;
+    attention_forward(qq.view, kk.view, vv.view, r.o.view, TensorView(r.lse.data(), DType::f32, {B, H, N}), opt);
+    return r;
+  };
+  test::IsaGuard guard;
+  const Run f32 = run(q32, k32, v32, Compute::automatic), fp32 = run(q, k, v, Compute::fp32);
+  EXPECT_EQ(fp32.lse, f32.lse);
+  int64_t mismatches = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < D; ++c)
+          mismatches += fp32.o.at(b, i, h, c, L) != double(bf16_to_f32(f32_to_bf16(float(f32.o.at(b, i, h, c, L)))));
+  EXPECT_EQ(mismatches, 0) << "compute = fp32 is not the fp32 path";
+  for (Compute e : bf16_engines()) {
+    set_isa(Isa::avx512);
+    const Run r = run(q, k, v, e);
+    EXPECT_NE(r.o.buf, fp32.o.buf) << compute_name(e) << " gave the fp32 path's o bit for bit: the bf16 path did not run";
+  }
+}
+
 // ---- bad options (the checks every family shares: core_checks_test.cpp) ---------------------------
 
 struct AttentionBadInput : ::testing::Test {

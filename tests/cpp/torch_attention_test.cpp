@@ -421,14 +421,14 @@ TEST(TorchAttention, OpsCallableThroughDispatcher) {
   auto [q, k, v] = make_qkv(s, at::kFloat);
   using Fwd = std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool, int64_t, int64_t, int64_t,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view);
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, c10::string_view);
   const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("strata::attention_forward", "");
   const auto& schema = handle.schema();
   ASSERT_EQ(schema.returns().size(), 2u);
   EXPECT_EQ(schema.returns()[0].name(), "out");
   EXPECT_EQ(schema.returns()[1].name(), "lse");
   const auto op = handle.typed<Fwd>();
-  auto [out, lse] = op.call(q, k, v, 0.3, true, 5, -1, 1, std::nullopt, std::nullopt, "bshd");
+  auto [out, lse] = op.call(q, k, v, 0.3, true, 5, -1, 1, std::nullopt, std::nullopt, "bshd", "auto");
   st::AttentionArgs a;
   a.scale = 0.3;
   a.causal = true;
@@ -442,19 +442,19 @@ TEST(TorchAttention, OpsCallableThroughDispatcher) {
   using Bwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
       std::optional<double>, bool, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, c10::string_view);
+      const std::optional<at::Tensor>&, c10::string_view, c10::string_view);
   const at::Tensor g = at::randn_like(out);
   auto [dq, dk, dv] = c10::Dispatcher::singleton()
                           .findSchemaOrThrow("strata::attention_backward", "")
                           .typed<Bwd>()
-                          .call(q, k, v, out, lse, g, 0.3, true, 5, -1, 1, std::nullopt, std::nullopt, "bshd");
+                          .call(q, k, v, out, lse, g, 0.3, true, 5, -1, 1, std::nullopt, std::nullopt, "bshd", "auto");
   using Attn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool,
                           int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
-                          const std::optional<at::Tensor>&, c10::string_view);
+                          const std::optional<at::Tensor>&, c10::string_view, c10::string_view);
   const auto attn = c10::Dispatcher::singleton().findSchemaOrThrow("strata::attention", "").typed<Attn>();
   const auto got = out_and_grads(
       [&](auto& x, auto& y, auto& z) {
-        return attn.call(x, y, z, 0.3, true, 5, -1, 1, std::nullopt, std::nullopt, "bshd");
+        return attn.call(x, y, z, 0.3, true, 5, -1, 1, std::nullopt, std::nullopt, "bshd", "auto");
       },
       q, k, v, g);
   EXPECT_TRUE(at::equal(got[0], out));
@@ -465,7 +465,7 @@ TEST(TorchAttention, OpsCallableThroughDispatcher) {
 
   // Through the dispatcher a strata::Error arrives as a c10::Error with the same message.
   try {
-    op.call(q, k.narrow(3, 0, 7), v, std::nullopt, false, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
+    op.call(q, k.narrow(3, 0, 7), v, std::nullopt, false, -1, -1, 0, std::nullopt, std::nullopt, "bshd", "auto");
     ADD_FAILURE() << "expected a c10::Error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("attention_forward: argument 'k'"), std::string::npos)
@@ -485,21 +485,21 @@ TEST(TorchAttention, ForwardAndBackwardOpsAreNotDifferentiable) {
   auto& dispatcher = c10::Dispatcher::singleton();
   using Fwd = std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool, int64_t, int64_t, int64_t,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view);
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, c10::string_view);
   auto [out, lse] = dispatcher.findSchemaOrThrow("strata::attention_forward", "")
                         .typed<Fwd>()
-                        .call(q, k, v, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
+                        .call(q, k, v, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd", "auto");
   EXPECT_FALSE(out.requires_grad());
   EXPECT_FALSE(lse.requires_grad());
   using Bwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
       std::optional<double>, bool, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, c10::string_view);
+      const std::optional<at::Tensor>&, c10::string_view, c10::string_view);
   const at::Tensor g = at::randn_like(out).requires_grad_();
   auto [dq, dk, dv] =
       dispatcher.findSchemaOrThrow("strata::attention_backward", "")
           .typed<Bwd>()
-          .call(q, k, v, out, lse, g, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd");
+          .call(q, k, v, out, lse, g, std::nullopt, true, -1, -1, 0, std::nullopt, std::nullopt, "bshd", "auto");
   for (const at::Tensor& t : {dq, dk, dv}) EXPECT_FALSE(t.requires_grad());
   st::AttentionArgs a;
   a.causal = true;

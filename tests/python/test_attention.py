@@ -288,6 +288,39 @@ def test_bfloat16_forward_matches_sdpa(causal):
     assert_as_close_as_torch([out], [want], [sdpa_bshd(q, k, v, mask)], BF16_FLOOR, what=f"bf16 causal={causal}")
 
 
+# The compute option: every engine this CPU has holds the bf16 forward (and the fp32 backward fed
+# by it) to SDPA's own bf16 error; "fp32" is the fp32 kernel on the widened inputs, rounded, bit
+# for bit; a name that is no engine is an error naming 'compute'.
+def bf16_engines():
+    features = strata.info()["cpu_features"]
+    engines = ["avx512_bf16"] if "avx512_bf16" in features and strata.info()["isa"] == "avx512" else []
+    return engines + (["amx_bf16"] if engines and "amx_bf16" in features else [])
+
+
+@pytest.mark.parametrize("compute", ["auto", "fp32", "avx512_bf16", "amx_bf16"])
+def test_bfloat16_compute_options(compute):
+    if compute.endswith("bf16") and compute not in bf16_engines():
+        pytest.skip(f"this CPU has no {compute}")
+    q, k, v = rand_qkv(2, 97, 97, 2, 2, 64, 64, torch.bfloat16, seed=9)
+    g = torch.randn(2, 97, 2, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    mask = allowed_mask(97, 97, True)
+    got = out_and_grads(lambda q_, k_, v_: strata.attention(q_, k_, v_, causal=True, compute=compute), q, k, v, g)
+    want = out_and_grads(lambda q_, k_, v_: sdpa_bshd(q_, k_, v_, mask), q.double(), k.double(), v.double(), g)
+    peer = out_and_grads(lambda q_, k_, v_: sdpa_bshd(q_, k_, v_, mask), q, k, v, g)
+    assert_as_close_as_torch(got, want, peer, BF16_FLOOR, what=f"bf16 compute={compute}")
+    out_fp32 = strata.attention_forward(q, k, v, causal=True, compute="fp32")[0]
+    if compute == "fp32":
+        assert torch.equal(out_fp32, strata.attention_forward(q.float(), k.float(), v.float(), causal=True)[0].bfloat16())
+    elif compute != "auto" or bf16_engines():
+        assert not torch.equal(got[0], out_fp32), f"compute={compute} gave the fp32 path's output: no bf16 products ran"
+
+
+def test_compute_names_the_argument():
+    q, k, v = rand_qkv(1, 8, 8, 1, 1, 16, 16, torch.bfloat16, seed=1)
+    with pytest.raises(RuntimeError, match="attention_forward: argument 'compute': expected one of auto, fp32"):
+        strata.attention_forward(q, k, v, compute="bf16")
+
+
 # ---- paper GSWA -----------------------------------------------------------------------------
 
 

@@ -32,6 +32,9 @@ struct AttentionArgs {
   std::optional<at::Tensor> bias;               // broadcastable to batch x H x seq_q x seq_k
                                                 // (fewer than 4 dims: leading 1s are implied)
   std::string layout = "bshd";                  // or "bhsd"
+  // The products of bfloat16 inputs (strata::Compute, strata/cpu.h): "auto" (bf16 products on
+  // AMX-BF16 / AVX512-BF16 where the CPU has them), "fp32", "avx512_bf16", "amx_bf16".
+  std::string compute = "auto";
 };
 
 // The kernels alone (attention_forward, attention_backward; also torch.ops.strata.attention_forward

@@ -1,0 +1,147 @@
+// src/core/bf16_gemm.cpp: the AVX512-BF16 engine of src/core/bf16_gemm.h (vdpbf16ps: each fp32
+// lane accumulates the dot product of one bf16 pair of A with one of B, twice the multiply-adds
+// of an fp32 FMA per instruction), and pack_pairs. Compiled with the AVX-512 flags plus
+// -mavx512bf16 (CMakeLists.txt); called only where strata::cpu_features().avx512_bf16 holds.
+//
+// The micro-kernel is core/gemm.inc's (kMR x kNV vectors of C in registers, A broadcast, B
+// vectors) with K counted in pairs: per pair step it loads kNV vectors of B (16 pairs each),
+// broadcasts one 32-bit pair of A per row, and issues kMR x kNV vdpbf16ps.
+#include "core/bf16_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace strata::cpu::bf16 {
+namespace {
+
+constexpr int kMR = 6, kNV = 4;  // 24 accumulators of 32 zmm, as the fp32 micro-kernel
+
+enum class Epi { scaled, scaled_shift_max, acc };
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// The 32-bit pair at p, broadcast to every lane.
+inline __m512bh broadcast_pair(const uint16_t* p) {
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  return as_bh(_mm512_set1_epi32(w));
+}
+
+// C[MR x NV*16] per E from A[MR x 2*K2] (row-major bf16, lda) and B[K2 x NV*16] (pairs, ldb).
+template <int MR, int NV, Epi E>
+void micro(int64_t K2, const uint16_t* A, int64_t lda, const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
+           float scale, const float* shift, float* colmax) {
+  __m512 c[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) c[m][v] = E == Epi::acc ? _mm512_loadu_ps(C + m * ldc + v * 16) : _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < K2; ++kk) {
+    const uint32_t* b = B + kk * ldb;
+    __m512bh bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = as_bh(_mm512_loadu_si512(b + v * 16));
+    const uint16_t* a = A + 2 * kk;
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh am = broadcast_pair(a + m * lda);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) c[m][v] = _mm512_dpbf16_ps(c[m][v], am, bv[v]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) {
+    __m512 sh = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
+    if constexpr (E == Epi::scaled_shift_max) {
+      sh = _mm512_loadu_ps(shift + v * 16);
+      mx = _mm512_loadu_ps(colmax + v * 16);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      __m512 x = c[m][v];
+      if constexpr (E == Epi::scaled) x = _mm512_mul_ps(x, sc);
+      if constexpr (E == Epi::scaled_shift_max) {
+        x = _mm512_fmsub_ps(x, sc, sh);
+        mx = _mm512_maskz_max_ps(__mmask16(0xffff), mx, x);  // NaN in x: max returns its second operand (maskz: see simd.h)
+      }
+      _mm512_storeu_ps(C + m * ldc + v * 16, x);
+    }
+    if constexpr (E == Epi::scaled_shift_max) _mm512_storeu_ps(colmax + v * 16, mx);
+  }
+}
+
+using MicroFn = void (*)(int64_t, const uint16_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, float,
+                         const float*, float*);
+
+template <Epi E, int MR, int NV>
+MicroFn pick_nv(int nv) {
+  if constexpr (NV == 0) {
+    return nullptr;
+  } else {
+    return nv == NV ? &micro<MR, NV, E> : pick_nv<E, MR, NV - 1>(nv);
+  }
+}
+template <Epi E, int MR>
+MicroFn pick(int mr, int nv) {
+  if constexpr (MR == 0) {
+    return nullptr;
+  } else {
+    return mr == MR ? pick_nv<E, MR, kNV>(nv) : pick<E, MR - 1>(mr, nv);
+  }
+}
+
+// C[M x N] per E, tiled into micro-tiles.
+template <Epi E>
+void gemm_epi(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint32_t* B, int64_t ldb,
+              float* C, int64_t ldc, float scale, const float* shift, float* colmax) {
+  const int64_t K2 = K / 2;
+  for (int64_t n0 = 0; n0 < N; n0 += kNV * 16) {
+    const int nv = int(std::min<int64_t>(kNV, (N - n0) / 16));
+    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+      const int mr = int(std::min<int64_t>(kMR, M - m0));
+      pick<E, kMR>(mr, nv)(K2, A + m0 * lda, lda, B + n0, ldb, C + m0 * ldc + n0, ldc, scale,
+                           shift ? shift + n0 : nullptr, colmax ? colmax + n0 : nullptr);
+    }
+  }
+}
+
+void scaled(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint32_t* B, int64_t ldb,
+            float* C, int64_t ldc, float scale) {
+  gemm_epi<Epi::scaled>(M, N, K, A, lda, B, ldb, C, ldc, scale, nullptr, nullptr);
+}
+void scaled_shift_max(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint32_t* B,
+                      int64_t ldb, float* C, int64_t ldc, float scale, const float* shift, float* colmax) {
+  gemm_epi<Epi::scaled_shift_max>(M, N, K, A, lda, B, ldb, C, ldc, scale, shift, colmax);
+}
+void acc(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint32_t* B, int64_t ldb,
+         float* C, int64_t ldc) {
+  gemm_epi<Epi::acc>(M, N, K, A, lda, B, ldb, C, ldc, 1.f, nullptr, nullptr);
+}
+
+}  // namespace
+
+const Gemms kAvx512Bf16 = {"avx512_bf16", scaled, scaled_shift_max, acc, nullptr, nullptr};
+
+void pack_pairs(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t out_pairs, uint32_t* dst,
+                int64_t ldd) {
+  // vcvtne2ps2bf16 puts its second operand's 16 values in the low half, its first's in the high
+  // half; the permutation interleaves them into (row 2kk, row 2kk + 1) pairs.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                          21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                          11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (int64_t kk = 0; kk < out_pairs; ++kk) {
+    const int64_t r0 = 2 * kk, r1 = r0 + 1;
+    for (int64_t c = 0; c < n; c += 16) {
+      const __m512 lo = r0 < rows ? _mm512_loadu_ps(src + r0 * lds + c) : _mm512_setzero_ps();
+      const __m512 hi = r1 < rows ? _mm512_loadu_ps(src + r1 * lds + c) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      _mm512_storeu_si512(dst + kk * ldd + c, _mm512_permutexvar_epi16(idx, both));
+    }
+  }
+}
+
+}  // namespace strata::cpu::bf16
