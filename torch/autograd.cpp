@@ -29,6 +29,7 @@ void save_options(AutogradContext* ctx, const AttentionArgs& a) {
   ctx->saved_data["window_right"] = a.window_right;
   ctx->saved_data["num_global"] = a.num_global;
   ctx->saved_data["layout"] = a.layout;
+  ctx->saved_data["compute"] = a.compute;  // the backward computes as the forward was asked to
 }
 
 // Rebuilds the forward's AttentionArgs from ctx and the saved (possibly undefined) mask and bias.
@@ -41,6 +42,7 @@ AttentionArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_m
   a.window_right = ctx->saved_data.at("window_right").toInt();
   a.num_global = ctx->saved_data.at("num_global").toInt();
   a.layout = ctx->saved_data.at("layout").toStringRef();
+  a.compute = ctx->saved_data.at("compute").toStringRef();
   if (key_padding_mask.defined()) a.key_padding_mask = key_padding_mask;
   if (bias.defined()) a.bias = bias;
   return a;

@@ -89,8 +89,10 @@ std::tuple<at::Tensor, at::Tensor> op_calls::attention_forward(const at::Tensor&
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::attention_forward", "")
                              .typed<decltype(forward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(q, k, v, a.scale, a.causal, a.window_left, a.window_right, a.num_global, a.key_padding_mask, a.bias,
-                 a.layout); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(q, k, v, a.scale, a.causal, a.window_left, a.window_right, a.num_global, a.key_padding_mask, a.bias,
+                   a.layout, a.compute);
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::attention_backward(const at::Tensor& q, const at::Tensor& k,
@@ -101,8 +103,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::attention_backward(cons
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::attention_backward", "")
                              .typed<decltype(backward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(q, k, v, out, lse, dout, a.scale, a.causal, a.window_left, a.window_right, a.num_global,
-                 a.key_padding_mask, a.bias, a.layout); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(q, k, v, out, lse, dout, a.scale, a.causal, a.window_left, a.window_right, a.num_global,
+                   a.key_padding_mask, a.bias, a.layout, a.compute);
+  });
 }
 
 }  // namespace strata::torch

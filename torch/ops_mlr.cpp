@@ -88,8 +88,10 @@ std::tuple<at::Tensor, at::Tensor> op_calls::mlr_attention_forward(const at::Ten
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::mlr_attention_forward", "")
                              .typed<decltype(forward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(q, k, v, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
-                 a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(q, k, v, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
+                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::mlr_attention_backward(
@@ -98,8 +100,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::mlr_attention_backward(
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::mlr_attention_backward", "")
                              .typed<decltype(backward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(q, k, v, out, lse, dout, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
-                 a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(q, k, v, out, lse, dout, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
+                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
+  });
 }
 
 }  // namespace strata::torch

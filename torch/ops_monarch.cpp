@@ -112,7 +112,9 @@ double nystrom_flops_op(int64_t N, int64_t D, int64_t Dv, int64_t m, int64_t ite
 at::Tensor op_calls::performer_omega(int64_t head_dim, int64_t num_features, std::optional<int64_t> seed) {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strata::performer_omega", "").typed<decltype(omega_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(head_dim, num_features, seed); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(head_dim, num_features, seed);
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor> op_calls::monarch_attention_forward(const at::Tensor& q, const at::Tensor& k,
@@ -121,8 +123,10 @@ std::tuple<at::Tensor, at::Tensor> op_calls::monarch_attention_forward(const at:
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::monarch_attention_forward", "")
                              .typed<decltype(forward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(q, k, v, a.num_steps, a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale,
-                 a.key_padding_mask, a.layout, save_state); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(q, k, v, a.num_steps, a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale,
+                   a.key_padding_mask, a.layout, save_state);
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::monarch_attention_backward(
@@ -131,9 +135,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::monarch_attention_backw
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::monarch_attention_backward", "")
                              .typed<decltype(backward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(q, k, v, state.defined() ? std::optional<at::Tensor>(state) : std::nullopt, dout, a.num_steps,
-                 a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale, a.key_padding_mask,
-                 a.layout); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(q, k, v, state.defined() ? std::optional<at::Tensor>(state) : std::nullopt, dout, a.num_steps,
+                   a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale, a.key_padding_mask,
+                   a.layout);
+  });
 }
 
 }  // namespace strata::torch

@@ -152,7 +152,9 @@ at::Tensor op_calls::structured_forward(const StructuredSpec& spec, const at::Te
                                         const std::vector<at::Tensor>& factors) {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_forward", "").typed<decltype(forward_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(x, factors, encode_spec(spec), spec_alphas(spec)); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const StructuredSpec& spec, const at::Tensor& x,
@@ -160,7 +162,9 @@ std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const Str
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strata::structured_forward_saving", "")
                              .typed<decltype(forward_saving_op)>();
-  return binding::rethrow_as_strata([&] { return op.call(x, factors, encode_spec(spec), spec_alphas(spec)); });
+  return binding::rethrow_as_strata([&] {
+    return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
+  });
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> op_calls::structured_backward(

@@ -64,7 +64,7 @@ def _lse(q: torch.Tensor, batch, heads, seq) -> torch.Tensor:
 
 @torch.library.register_fake("strata::attention_forward")
 def _attention_forward(q, k, v, scale=None, causal=False, window_left=-1, window_right=-1, num_global=0,
-                       key_padding_mask=None, bias=None, layout="bshd"):
+                       key_padding_mask=None, bias=None, layout="bshd", compute="auto"):
     _check_4d("attention_forward", q=q, k=k, v=v)
     s = _seq_dim(layout)
     h = 3 - s
@@ -75,7 +75,7 @@ def _attention_forward(q, k, v, scale=None, causal=False, window_left=-1, window
 
 @torch.library.register_fake("strata::attention_backward")
 def _attention_backward(q, k, v, out, lse, dout, scale=None, causal=False, window_left=-1, window_right=-1,
-                        num_global=0, key_padding_mask=None, bias=None, layout="bshd"):
+                        num_global=0, key_padding_mask=None, bias=None, layout="bshd", compute="auto"):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -315,6 +315,21 @@ def test_bfloat16_compute_options(compute):
         assert not torch.equal(got[0], out_fp32), f"compute={compute} gave the fp32 path's output: no bf16 products ran"
 
 
+def test_backward_computes_as_the_forward_was_asked():
+    # attention(compute=...)'s autograd backward runs the backward kernel with the same compute: the
+    # gradients equal the kernel's own for that compute, bit for bit (the backward lost it once and
+    # ran "auto", i.e. bf16 products, for a forward asked to compute in fp32).
+    q, k, v = rand_qkv(1, 97, 97, 2, 2, 32, 32, torch.bfloat16, seed=4)
+    g = torch.randn(1, 97, 2, 32, generator=torch.Generator().manual_seed(5)).bfloat16()
+    for compute in ["fp32", "auto"]:
+        got = out_and_grads(lambda q_, k_, v_: strata.attention(q_, k_, v_, causal=True, compute=compute), q, k, v, g)
+        out, lse = strata.attention_forward(q, k, v, causal=True, compute=compute)
+        want = strata.attention_backward(q, k, v, out, lse, g, causal=True, compute=compute)
+        assert torch.equal(got[0], out), compute
+        for name, a, b in zip(["dq", "dk", "dv"], got[1:], want):
+            assert torch.equal(a, b), f"compute={compute}: {name} differs from the kernel's backward"
+
+
 def test_compute_names_the_argument():
     q, k, v = rand_qkv(1, 8, 8, 1, 1, 16, 16, torch.bfloat16, seed=1)
     with pytest.raises(RuntimeError, match="attention_forward: argument 'compute': expected one of auto, fp32"):

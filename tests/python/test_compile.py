@@ -108,6 +108,12 @@ def _cases():
                                                              dict(num_features=16, seed=3, layout=lay)))
             add("nystrom_attention", lambda g=g, lay=lay: (_qkv(2, 9, 2, 2, 8, 8, g, lay),
                                                            dict(num_landmarks=3, layout=lay)))
+        # bfloat16 through the bf16 engines (or the fp32 path where the CPU has none), and the
+        # compute option
+        add("attention", lambda g=g: ([t.detach().bfloat16().requires_grad_(g) for t in _qkv(1, 9, 2, 2, 16, 16, g)],
+                                      dict(causal=True)))
+        add("attention_forward", lambda g=g: ([t.bfloat16() for t in _qkv(1, 9, 2, 2, 16, 16, False)],
+                                              dict(compute="fp32")))
         S = strata.structured
         add("structured_forward", lambda g=g: (_structured_case(S.btt(64, 48), (2, 5), g), {}))
         add("structured_forward_saving", lambda g=g: (_structured_case(S.mlr(64, [16, 8, 8]), (7,), g), {}))
