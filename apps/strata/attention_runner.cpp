@@ -64,16 +64,22 @@ CorruptFn corrupt_outputs(std::vector<std::pair<std::string, const at::Tensor*>>
 
 namespace {
 
-// The row's FLOPs: strata::attention_flops (the core's count, docs/methods.md's convention) of the
-// forward, plus its backward (2.5x) for fwd+bwd rows, which time both.
-double row_flops(const AttnCase& c) {
+// The core's sizes of case c (self-attention; one query head when shared).
+AttnDims dims_of(const AttnCase& c) {
   AttnDims d;
   d.batch = c.batch;
   d.seqlen_q = d.seqlen_k = c.seq;
   d.heads_q = c.shared_q ? 1 : c.heads;
   d.heads_kv = c.heads;
   d.head_dim = d.head_dim_v = c.head_dim;
-  const AttentionFlops f = attention_flops(d, c.causal);
+  d.dtype = c.dtype == at::kBFloat16 ? DType::bf16 : DType::f32;
+  return d;
+}
+
+// The row's FLOPs: strata::attention_flops (the core's count, docs/methods.md's convention) of the
+// forward, plus its backward (2.5x) for fwd+bwd rows, which time both.
+double row_flops(const AttnCase& c) {
+  const AttentionFlops f = attention_flops(dims_of(c), c.causal);
   return c.backward ? f.forward + f.backward : f.forward;
 }
 
@@ -148,14 +154,7 @@ double head0_err(const Outputs& a, const Outputs& ref, bool backward) {
 
 // The engine strata's default (compute = "auto") runs a forward of case c with (strata/cpu.h).
 std::string default_engine(const AttnCase& c) {
-  AttnDims d;
-  d.batch = c.batch;
-  d.seqlen_q = d.seqlen_k = c.seq;
-  d.heads_q = c.shared_q ? 1 : c.heads;
-  d.heads_kv = c.heads;
-  d.head_dim = d.head_dim_v = c.head_dim;
-  d.dtype = c.dtype == at::kBFloat16 ? DType::bf16 : DType::f32;
-  return compute_name(attention_compute(d, AttentionOptions{}));
+  return compute_name(attention_compute(dims_of(c), AttentionOptions{}));
 }
 
 }  // namespace
