@@ -260,6 +260,23 @@ std::vector<Case> mask_cases() {
   return v;
 }
 
+// A case on storage st (layout, dtype, row gaps, dim strides) with awkward sizes: 97 queries, 131
+// keys, GQA 4:2, head dims 59 / 48; causal with row gaps, a padding mask with dim strides.
+Case storage_case(const test::Storage& st) {
+  Case c;
+  c.set_storage(st);
+  c.B = 2;
+  c.Nq = 97;
+  c.Nk = 131;
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.D = 59;
+  c.Dv = 48;
+  c.causal = st.gap > 0;
+  c.kpm = st.dim_stride > 1;
+  return c;
+}
+
 std::vector<Case> layout_gqa_dtype_cases() {
   std::vector<Case> v;
   for (int64_t ratio : {1, 2, 8}) {
@@ -274,17 +291,7 @@ std::vector<Case> layout_gqa_dtype_cases() {
     v.push_back(c);
   }
   for (const test::Storage& st : test::every_storage()) {
-    Case c;
-    c.set_storage(st);
-    c.B = 2;
-    c.Nq = 97;
-    c.Nk = 131;
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.D = 59;
-    c.Dv = 48;
-    c.causal = st.gap > 0;
-    c.kpm = st.dim_stride > 1;
+    Case c = storage_case(st);
     c.wl = st.layout == Layout::BHSD ? 16 : -1;
     v.push_back(c);
   }
@@ -701,19 +708,7 @@ std::vector<Case> bf16_compute_cases() {
     v.push_back(bf16(c));
   }
   for (const test::Storage& st : test::every_storage()) {
-    if (st.dtype != DType::bf16) continue;
-    Case c;
-    c.set_storage(st);
-    c.B = 2;
-    c.Nq = 97;
-    c.Nk = 131;
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.D = 59;
-    c.Dv = 48;
-    c.causal = st.gap > 0;
-    c.kpm = st.dim_stride > 1;
-    v.push_back(c);
+    if (st.dtype == DType::bf16) v.push_back(storage_case(st));
   }
   {
     Case c;  // a long row with every mask, head dim 128
