@@ -146,6 +146,14 @@ auto rethrow_as_c10(F&& f) -> decltype(f()) {
   }
 }
 
+// The handle of the registered op `name` (e.g. "strata::attention_forward") typed with Fn, the
+// signature of its kernel function (decltype(forward_op)); callers keep it in a function-local
+// static (the lookup searches the dispatcher's table).
+template <class Fn>
+c10::TypedOperatorHandle<Fn> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Fn>();
+}
+
 // Runs f; rethrows a plain c10::Error (what a kernel op's rethrow_as_c10 made of a strata::Error)
 // as a strata::Error with its message: the C++ API keeps throwing strata::Error when it reaches a
 // kernel through the dispatcher (op_calls.h). Other exceptions (c10::Error subclasses, Python's

@@ -86,9 +86,7 @@ at::Tensor paper_gswa_op(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 std::tuple<at::Tensor, at::Tensor> op_calls::attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                const at::Tensor& v, const AttentionArgs& a) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::attention_forward", "")
-                             .typed<decltype(forward_op)>();
+  static const auto op = binding::typed_op<decltype(forward_op)>("strata::attention_forward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, a.scale, a.causal, a.window_left, a.window_right, a.num_global, a.key_padding_mask, a.bias,
                    a.layout, a.compute);
@@ -100,9 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::attention_backward(cons
                                                                             const at::Tensor& lse,
                                                                             const at::Tensor& dout,
                                                                             const AttentionArgs& a) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::attention_backward", "")
-                             .typed<decltype(backward_op)>();
+  static const auto op = binding::typed_op<decltype(backward_op)>("strata::attention_backward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, out, lse, dout, a.scale, a.causal, a.window_left, a.window_right, a.num_global,
                    a.key_padding_mask, a.bias, a.layout, a.compute);

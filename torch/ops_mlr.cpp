@@ -85,9 +85,7 @@ at::Tensor mlr_attention_op(const at::Tensor& q, const at::Tensor& k, const at::
 
 std::tuple<at::Tensor, at::Tensor> op_calls::mlr_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                    const at::Tensor& v, const MlrArgs& a) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::mlr_attention_forward", "")
-                             .typed<decltype(forward_op)>();
+  static const auto op = binding::typed_op<decltype(forward_op)>("strata::mlr_attention_forward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
                    a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
@@ -97,9 +95,7 @@ std::tuple<at::Tensor, at::Tensor> op_calls::mlr_attention_forward(const at::Ten
 std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::mlr_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& dout, const MlrArgs& a) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::mlr_attention_backward", "")
-                             .typed<decltype(backward_op)>();
+  static const auto op = binding::typed_op<decltype(backward_op)>("strata::mlr_attention_backward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, out, lse, dout, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
                    a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);

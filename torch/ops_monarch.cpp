@@ -110,8 +110,7 @@ double nystrom_flops_op(int64_t N, int64_t D, int64_t Dv, int64_t m, int64_t ite
 }  // namespace
 
 at::Tensor op_calls::performer_omega(int64_t head_dim, int64_t num_features, std::optional<int64_t> seed) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strata::performer_omega", "").typed<decltype(omega_op)>();
+  static const auto op = binding::typed_op<decltype(omega_op)>("strata::performer_omega");
   return binding::rethrow_as_strata([&] {
     return op.call(head_dim, num_features, seed);
   });
@@ -120,9 +119,7 @@ at::Tensor op_calls::performer_omega(int64_t head_dim, int64_t num_features, std
 std::tuple<at::Tensor, at::Tensor> op_calls::monarch_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                        const at::Tensor& v, const MonarchArgs& a,
                                                                        bool save_state) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::monarch_attention_forward", "")
-                             .typed<decltype(forward_op)>();
+  static const auto op = binding::typed_op<decltype(forward_op)>("strata::monarch_attention_forward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, a.num_steps, a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale,
                    a.key_padding_mask, a.layout, save_state);
@@ -132,9 +129,7 @@ std::tuple<at::Tensor, at::Tensor> op_calls::monarch_attention_forward(const at:
 std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::monarch_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state, const at::Tensor& dout,
     const MonarchArgs& a) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::monarch_attention_backward", "")
-                             .typed<decltype(backward_op)>();
+  static const auto op = binding::typed_op<decltype(backward_op)>("strata::monarch_attention_backward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, state.defined() ? std::optional<at::Tensor>(state) : std::nullopt, dout, a.num_steps,
                    a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale, a.key_padding_mask,

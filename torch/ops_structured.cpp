@@ -150,8 +150,7 @@ std::tuple<int64_t, double, int64_t, std::vector<int64_t>> stats_op(c10::IntArra
 
 at::Tensor op_calls::structured_forward(const StructuredSpec& spec, const at::Tensor& x,
                                         const std::vector<at::Tensor>& factors) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_forward", "").typed<decltype(forward_op)>();
+  static const auto op = binding::typed_op<decltype(forward_op)>("strata::structured_forward");
   return binding::rethrow_as_strata([&] {
     return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
   });
@@ -159,9 +158,7 @@ at::Tensor op_calls::structured_forward(const StructuredSpec& spec, const at::Te
 
 std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const StructuredSpec& spec, const at::Tensor& x,
                                                                        const std::vector<at::Tensor>& factors) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strata::structured_forward_saving", "")
-                             .typed<decltype(forward_saving_op)>();
+  static const auto op = binding::typed_op<decltype(forward_saving_op)>("strata::structured_forward_saving");
   return binding::rethrow_as_strata([&] {
     return op.call(x, factors, encode_spec(spec), spec_alphas(spec));
   });
@@ -170,8 +167,7 @@ std::tuple<at::Tensor, at::Tensor> op_calls::structured_forward_saving(const Str
 std::tuple<at::Tensor, std::vector<at::Tensor>> op_calls::structured_backward(
     const StructuredSpec& spec, const at::Tensor& x, const std::vector<at::Tensor>& factors, const at::Tensor& dy,
     bool input_grad, bool factor_grads, const at::Tensor& saved) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strata::structured_backward", "").typed<decltype(backward_op)>();
+  static const auto op = binding::typed_op<decltype(backward_op)>("strata::structured_backward");
   auto [dx, df] = binding::rethrow_as_strata([&] {
     return op.call(x, factors, encode_spec(spec), spec_alphas(spec), dy, input_grad, factor_grads,
                    saved.defined() ? std::optional<at::Tensor>(saved) : std::nullopt);
