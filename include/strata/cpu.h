@@ -29,7 +29,8 @@ std::string cpu_summary();
 //                without AMX (AMD Zen 4/5: vdpbf16ps does twice an FMA's multiply-adds); fp32
 //                elsewhere: CPUs without them, an ISA lowered below avx512, and AMX CPUs whose OS
 //                withholds the tile state (on the Intel Xeon with AMX this was written on,
-//                vdpbf16ps ran the forward 1.6x SLOWER than fp32 FMAs: 1974 vs 1215 ms, N = 4096)
+//                vdpbf16ps ran the forward 1.6x SLOWER than fp32 FMAs: 655 vs 402 ms, AMX 131 ms,
+//                N = 4096, d = 64; bench/bf16_engines.py, docs/results.md)
 //   fp32         fp32 products (the bf16 inputs widened exactly), on every CPU
 //   avx512_bf16, amx_bf16   that engine; strata::Error naming 'compute' where it is not there
 //                (tests and benchmarks use them to compare the engines)
