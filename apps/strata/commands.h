@@ -81,6 +81,17 @@ struct BenchTrainOptions {  // bench_train.cpp
 CLI::App* add_bench_train(CLI::App& bench, BenchTrainOptions& o);
 int run_bench_train(const BenchTrainOptions& o);
 
+struct BenchMemoryOptions {  // bench_memory.cpp
+  std::vector<int64_t> seq;  // empty: 16384, 32768
+  int64_t heads = 8, head_dim = 64;
+  bool causal = true;
+  int threads = 0;
+  std::string json;
+  std::string child;  // internal: "strata" | "sdpa" runs one measurement in this process
+};
+CLI::App* add_bench_memory(CLI::App& bench, BenchMemoryOptions& o);
+int run_bench_memory(const BenchMemoryOptions& o);
+
 struct DemoOptions {
   std::string out = "out";
   int threads = 0;

@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_structured = add_bench_structured(*bench, bench_structured_opt);
   BenchTrainOptions bench_train_opt;
   CLI::App* bench_train = add_bench_train(*bench, bench_train_opt);
+  BenchMemoryOptions bench_memory_opt;
+  CLI::App* bench_memory = add_bench_memory(*bench, bench_memory_opt);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -125,6 +127,7 @@ int main(int argc, char** argv) {
     if (*bench_monarch) return run_bench_monarch(bench_monarch_opt);
     if (*bench_structured) return run_bench_structured(bench_structured_opt);
     if (*bench_train) return run_bench_train(bench_train_opt);
+    if (*bench_memory) return run_bench_memory(bench_memory_opt);
     // No command given (CLI11 has already rejected unknown words): say so and show the usage.
     CLI::App* where = *bench ? bench : &app;
     std::string names;
