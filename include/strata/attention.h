@@ -25,9 +25,10 @@
 // bfloat16 forward run in bf16 where the CPU has AVX512-BF16 or AMX-BF16 (AttentionOptions::compute,
 // strata/cpu.h; attention_compute says which): Q K^T of the bf16 inputs is exact in fp32 before
 // the accumulation; P = exp(s - m) is rounded to bf16 (relative 2^-9) for P V, as FlashAttention
-// does on GPUs, while its row sums stay fp32. The backward runs its Q K^T and dO V^T on the same
-// engine (bf16 inputs: only the summation order changes) and keeps P^T dO, dS^T Q and dS K in
-// fp32 (P and dS are not rounded). fp32 products for float32 inputs and for calls of at most 4
+// does on GPUs, while its row sums stay fp32. The backward runs all five products on the same
+// engine: Q K^T and dO V^T of the bf16 inputs (only the summation order changes), P^T dO, dS^T Q
+// and dS K with P and dS rounded to bf16 (relative 2^-9), as FlashAttention does on GPUs;
+// compute = fp32 keeps them all fp32. fp32 products for float32 inputs and for calls of at most 4
 // queries (decoding).
 // Inputs may alias and have stride-0 dims (e.g. torch's expand); outputs (o, lse, dq, dk, dv)
 // must not overlap themselves (strata::Error naming the argument, after the other checks).

@@ -144,4 +144,28 @@ void pack_pairs(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t 
   }
 }
 
+void round_rows(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t n_pad, uint16_t* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n_pad; c += 16) {
+      const int64_t left = std::clamp<int64_t>(n - c, 0, 16);
+      const __mmask16 m = left == 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __m512 x = _mm512_maskz_loadu_ps(m, src + r * lds + c);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * ldd + c), (__m256i)_mm512_cvtneps_pbh(x));
+    }
+}
+
+void transpose_round(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t rows_pad, uint16_t* dst,
+                     int64_t ldd) {
+  // 16-row bands: each dst row gets 16 contiguous values per band, src read a band at a time
+  alignas(64) float band[16];
+  for (int64_t r0 = 0; r0 < rows_pad; r0 += 16) {
+    const int64_t rr = std::clamp<int64_t>(rows - r0, 0, 16);
+    for (int64_t c = 0; c < n; ++c) {
+      for (int64_t i = 0; i < 16; ++i) band[i] = i < rr ? src[(r0 + i) * lds + c] : 0.f;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c * ldd + r0),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(band)));
+    }
+  }
+}
+
 }  // namespace strata::cpu::bf16

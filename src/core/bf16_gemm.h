@@ -51,4 +51,15 @@ extern const Gemms kAmxBf16;
 void pack_pairs(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t out_pairs, uint32_t* dst,
                 int64_t ldd);
 
+// Rounds `rows` fp32 rows of n floats (src, row stride lds) to bf16 (nearest even) in A's layout:
+// dst[r * ldd + c] = bf16(src[r * lds + c]) for c < n, zeros for n <= c < n_pad (n_pad a multiple
+// of 16). AVX512-BF16: call only where the CPU has it.
+void round_rows(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t n_pad, uint16_t* dst, int64_t ldd);
+
+// Rounds an fp32 matrix [rows x n] (src, row stride lds) to bf16 transposed, in A's layout:
+// dst[c * ldd + r] = bf16(src[r * lds + c]) for c < n, r < rows, zeros for rows <= r < rows_pad.
+// (The backward's Q^T and dO^T, the A operands of dK^T += Q^T dS and dV^T += dO^T P.)
+void transpose_round(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t rows_pad, uint16_t* dst,
+                     int64_t ldd);
+
 }  // namespace strata::cpu::bf16
