@@ -75,7 +75,8 @@ def main():
             err = r.get("ref_max_rel_err")
             err = r["max_rel_err"] if err is None else err
             ratio = r.get("flop_ratio_total", r.get("ideal_mac_ratio"))
-            print(f"| {r['case']} | {r['method']} | {r['peer']} | {r['dtype']} | {shape_label(r['shape'])} | "
+            method, peer = (r[k].replace("|", "\\|") for k in ("method", "peer"))  # e.g. mlr:ranks=32|8|...
+            print(f"| {r['case']} | {method} | {peer} | {r['dtype']} | {shape_label(r['shape'])} | "
                   f"{'yes' if r['correct'] else '**NO**'} | {fmt_err(err)} | "
                   f"{r['median_s'] * 1e3:.3f} | {r['peer_median_s'] * 1e3:.3f} | "
                   f"{fmt_speedup(r)} | {r['gflops']:.1f} | {r['pct_of_peak']:.1f} | "
