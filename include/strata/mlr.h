@@ -47,7 +47,14 @@
 //   v    batch x seqlen_k x heads_kv x head_dim_v
 //   o    batch x seqlen_q x heads_q  x head_dim_v        same dtype as q
 //   lse  batch x heads_q  x seqlen_q                     float32, natural log, any strides
-// q, k, v, o and the gradients are float32 or bfloat16, all one dtype; math is fp32.
+// q, k, v, o and the gradients are float32 or bfloat16, all one dtype; the softmax, its statistics
+// and every accumulation are fp32. A bfloat16 forward runs its products on a bf16 engine
+// where the CPU has AVX512-BF16 or AMX-BF16 (MlrOptions::compute, strata/cpu.h;
+// mlr_attention_compute says which), as attention.h's: P is rounded to bf16 (relative 2^-9) for
+// P V, its row sums stay fp32; the level-1 slice q_1 . k_1 of every pair sharing level 1 is a
+// product of the bf16 inputs (exact in fp32 before the accumulation) times c_1 in fp32, while the
+// deeper slices (c_l q_l . k_l) stay fp32 products of the widened inputs. The backward runs fp32
+// products (it reads the forward's o and lse). compute = fp32 keeps the forward fp32 too.
 // A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
 // Non-finite inputs propagate and finite inputs give finite outputs exactly as attention.h says,
 // with the logit bound taken over the levels a pair shares: log2(e) * sum_l c_l sum_{d in level l}
@@ -70,6 +77,7 @@
 #include <initializer_list>
 
 #include "strata/checks.h"
+#include "strata/cpu.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -98,6 +106,7 @@ struct MlrOptions {
   bool level_average = false;             // S /= m(i, j)       (ref mlr_block_divide_by_num_levels)
   bool causal = true;                     // the reference code is always causal
   Layout layout = Layout::BSHD;
+  Compute compute = Compute::automatic;   // products of a bf16 forward (strata/cpu.h; see above)
 };
 
 // Options with the given ranks r_1..r_L and every other field at its default.
@@ -127,6 +136,11 @@ double mlr_level_scale(const MlrOptions& opt, int l, int64_t head_dim);
 // (head_dim, seqlen_k, batch) as validate() does; `starts` holds batch * num_levels * count values.
 int64_t mlr_block_starts(const char* where, const MlrOptions& opt, int64_t head_dim, int64_t seqlen_k,
                          int64_t batch, int64_t first, int64_t count, int64_t* starts);
+
+// The engine a forward of sizes d with opt runs its products on (strata/cpu.h): fp32, avx512_bf16
+// or amx_bf16 (the file comment says when; L = 1 dense cases: attention_compute's). Throws
+// strata::Error naming 'compute' as the forward would.
+Compute mlr_attention_compute(const AttnDims& d, const MlrOptions& opt);
 
 // Forward: writes o and lse.
 void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -37,6 +37,11 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   p.level_average = opt.level_average;
   p.mask_cross_segment = opt.mask_cross_segment;
   p.causal = opt.causal;
+  switch (resolve_compute(where, opt.compute, d.dtype == DType::bf16)) {
+    case Compute::avx512_bf16: p.bf16_gemms = &cpu::bf16::kAvx512Bf16; break;
+    case Compute::amx_bf16: p.bf16_gemms = &cpu::bf16::kAmxBf16; break;
+    default: break;
+  }
   return p;
 }
 
@@ -192,6 +197,7 @@ AttentionOptions dense_options(const MlrParams& p, const MlrOptions& opt) {
   a.scale = p.level_scale[0];
   a.causal = opt.causal;
   a.layout = opt.layout;
+  a.compute = opt.compute;
   return a;
 }
 
@@ -224,6 +230,24 @@ void backward(const TensorView& q, const TensorView& k, const TensorView& v, con
 void mlr_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const TensorView& lse, const MlrOptions& opt) {
   forward(q, k, v, o, lse, opt, true);
+}
+
+Compute mlr_attention_compute(const AttnDims& d, const MlrOptions& opt) {
+  const char* where = "mlr_attention_compute";
+  validate(where, opt, d);
+  MlrParams p;
+  p.lv = cpu::resolve_mlr_levels(where, opt, d.head_dim, d.seqlen_k, d.batch);
+  p.seqlen_q = d.seqlen_q;
+  p.seqlen_k = d.seqlen_k;
+  p.causal = opt.causal;
+  if (is_dense(p)) {
+    AttentionOptions a;
+    a.causal = opt.causal;
+    a.layout = opt.layout;
+    a.compute = opt.compute;
+    return attention_compute(d, a);
+  }
+  return resolve_compute(where, opt.compute, d.dtype == DType::bf16);
 }
 
 void mlr_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,

@@ -84,6 +84,8 @@ struct MlrParams : AttnIO {
   bool level_average = false;
   bool mask_cross_segment = false;
   bool causal = true;
+  // The bf16 engine of the forward's products (bf16 inputs, the resolved Compute), else null.
+  const bf16::Gemms* bf16_gemms = nullptr;
 };
 
 // Validates the level options of `opt` (num_levels, ranks, block_sizes, context, segment_starts)

@@ -616,14 +616,7 @@ TEST(Attention, PaperGswaPerBranchScalesOverride) {
 // it reads the bf16 forward's o and lse (D_i = rowsum(dO * O)): 2e-2 as in the sweep (measured by
 // strata bench attention at N = 4096: 2.5e-3 to 5.0e-3 against the double reference).
 
-// The bf16 engines this CPU has (compute values; empty without AVX512-BF16).
-std::vector<Compute> bf16_engines() {
-  std::vector<Compute> e;
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512_bf16 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) e.push_back(Compute::avx512_bf16);
-  if (!e.empty() && f.amx_bf16) e.push_back(Compute::amx_bf16);
-  return e;
-}
+using test::bf16_engines;
 
 // Sizes of a case (its AttnDims, bf16).
 AttnDims dims_of(const Case& c) { return test::shape_of(c, {c.B, c.Nq, c.Nk, c.Hq, c.Hkv, c.D, c.Dv}).d; }

@@ -392,6 +392,106 @@ INSTANTIATE_TEST_SUITE_P(Blocks, MlrSweep, ::testing::ValuesIn(block_cases()), c
 INSTANTIATE_TEST_SUITE_P(Scales, MlrSweep, ::testing::ValuesIn(scale_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, MlrSweep, ::testing::ValuesIn(shape_cases()), case_name);
 
+// ---- bf16 products (MlrOptions::compute, strata/cpu.h) -----------------------------------------
+// bf16 inputs on a CPU with AVX512-BF16 (and AMX-BF16) run the forward's products on a bf16
+// engine: level 1 of the scores from bf16 copies of the inputs (exact products, fp32 sums, c_1 in
+// the epilogue), deeper slices fp32, P rounded to bf16 for P V. The bf16 shape cases of the sweep
+// above run it already (compute = auto); here every case of the sweep, in bf16, is held to the
+// references on every engine this CPU has, by name, and the engine is checked to be the one that
+// runs. The cases cover what the bf16 path adds: level-1 ranks 1..100 (k1 padded to 32 or 128),
+// tiles whose pairs share level 1 only (the engine's fused shift/max product: T >= 256 with a
+// level-2 boundary between tiles), deeper prefixes (level 1 on the engine plus fp32 slices),
+// straddling tiles and tiles sharing no level (mu = 0: fp32 prefix of length 0), causal cuts.
+//
+// Tolerance: the sweep's bf16 one (1e-2 forward, 2e-2 gradients), as the dense kernel's bf16
+// sweep argues (core_attention_test.cpp): the only new error is P rounded to bf16 for P V, each
+// weight off by a relative 2^-9 independently, about 2^-9 of the spread of v under the row's
+// weights, the order of o's own rounding to bf16 (2e-3); the level-1 product is exact before its
+// fp32 sum, as in the fp32 path (which multiplies q by c_1 first: one rounding there, one
+// rounding of the product by c_1 here). The backward stays fp32 and reads this forward's o.
+using MlrBf16ComputeSweep = ::testing::TestWithParam<Case>;
+TEST_P(MlrBf16ComputeSweep, EveryEngineMatchesReference) {
+  const std::vector<Compute> engines = test::bf16_engines();
+  if (engines.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the bf16 products are not tested here";
+  MlrFamily f(GetParam());
+  const test::Shape s = f.shape();
+  const test::Tolerance tol = f.tolerance();
+  const std::vector<test::Expected> refs = f.references();
+  test::IsaGuard guard;
+  set_isa(Isa::avx512);
+  for (Compute e : engines) {
+    SCOPED_TRACE(compute_name(e));
+    f.opt.compute = e;
+    if (f.c.ranks.size() > 1) {
+      EXPECT_EQ(mlr_attention_compute(s.d, f.opt), e);
+    }
+    for (size_t kernel = 0; kernel < f.kernels().size(); ++kernel) {
+      SCOPED_TRACE(f.kernels()[kernel]);
+      test::Outputs out(s);
+      f.forward(kernel, Isa::avx512, out);
+      test::expect_forward_near(out, refs[0], s, tol);
+      if (!f.grads()) continue;
+      f.backward(kernel, Isa::avx512, out);
+      test::expect_backward_near(out, refs[0], s, tol);
+    }
+  }
+}
+
+// Every case of the sweep in bf16 (BSHD; the storages are the shape cases' own bf16 ones).
+std::vector<Case> bf16_compute_cases() {
+  std::vector<Case> v;
+  for (auto cases : {length_cases(), level_cases(), block_cases(), scale_cases(), shape_cases()})
+    for (Case c : cases) {
+      if (c.dtype == DType::bf16) {
+        v.push_back(c);
+      } else if (c.layout == Layout::BSHD && c.gap == 0 && c.dim_stride == 1) {
+        c.dtype = DType::bf16;
+        v.push_back(c);
+      }
+    }
+  Case c;  // the paper's 8 levels at T = 1025 (dyadic blocks: most tiles share level 1 only)
+  c.Nq = c.Nk = 1025;
+  c.Hq = 1;
+  c.ranks = {32, 8, 6, 4, 4, 4, 4, 2};
+  c.Dv = 64;
+  c.avg = true;
+  c.dtype = DType::bf16;
+  v.push_back(c);
+  c.avg = false;
+  c.ranks = {7, 25};  // an odd level-1 rank on the engine (padded to 32)
+  c.grads = false;
+  v.push_back(c);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Bf16Compute, MlrBf16ComputeSweep, ::testing::ValuesIn(bf16_compute_cases()), case_name);
+
+// compute = fp32 keeps a bf16 forward on fp32 products; an engine the CPU or the active ISA lacks
+// is an error naming 'compute'; float32 inputs compute in fp32 whatever compute asks.
+TEST(Mlr, ComputeOptionResolves) {
+  AttnDims d;
+  d.dtype = DType::bf16;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = 300;
+  d.heads_q = d.heads_kv = 1;
+  d.head_dim = 16;
+  d.head_dim_v = 16;
+  MlrOptions o = mlr_options({8, 4, 4});
+  o.compute = Compute::fp32;
+  EXPECT_EQ(mlr_attention_compute(d, o), Compute::fp32);
+  test::IsaGuard guard;
+  set_isa(Isa::scalar);  // below avx512: no engine, whatever the CPU has
+  o.compute = Compute::avx512_bf16;
+  test::expect_error([&] { mlr_attention_compute(d, o); }, {"mlr_attention_compute", "compute", "avx512_bf16"});
+  o.compute = Compute::automatic;
+  EXPECT_EQ(mlr_attention_compute(d, o), Compute::fp32);
+  d.dtype = DType::f32;
+  for (Compute e : test::bf16_engines()) {
+    set_isa(Isa::avx512);
+    o.compute = e;
+    EXPECT_EQ(mlr_attention_compute(d, o), Compute::fp32);
+  }
+}
+
 // ---- L = 1 is dense attention ------------------------------------------------------------------
 // With one level whose block holds every key and query, mlr_attention_* runs the dense kernel
 // with scale c_1: the same numbers, bit for bit. That this shortcut is RIGHT is the sweep's job:

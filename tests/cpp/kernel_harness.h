@@ -167,6 +167,16 @@ struct IsaGuard {
   ~IsaGuard() { restore_best_isa(); }
 };
 
+// The bf16 engines this CPU has (Compute values; empty without AVX512-BF16), for the families'
+// bf16-products sweeps.
+inline std::vector<Compute> bf16_engines() {
+  std::vector<Compute> e;
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512_bf16 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) e.push_back(Compute::avx512_bf16);
+  if (!e.empty() && f.amx_bf16) e.push_back(Compute::amx_bf16);
+  return e;
+}
+
 // Every reference after the first agrees with the first (o, lse, gradients).
 inline void expect_references_agree(const std::vector<Expected>& refs, const Tolerance& tol) {
   for (size_t r = 1; r < refs.size(); ++r) {
