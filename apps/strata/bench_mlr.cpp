@@ -30,6 +30,12 @@
 // 3x the score part + 2x the P V part (recompute QK^T, dQ, dK; dP, dV), i.e. 2.5x the forward
 // for dense attention with d = d_v. Rows carry flop_ratio_scores / flop_ratio_total (dense / ours)
 // and, against the dense peers, speedup_over_flop_ratio.
+// --dtype bfloat16: the forward group alone, on bf16 tensors: ours with its default compute (bf16
+// products where the CPU has AVX512-BF16 / AMX-BF16, strata/mlr.h) against the same call with
+// compute = fp32, strata.flash and SDPA in bf16; each method's error against its double reference
+// (head 0: the MLR one for ours, the dense one, formed in float64 torch ops, for the dense peers)
+// is printed under the group and kept in the rows (max_rel_err, extra.peer_ref64_max_rel_err);
+// tolerance 2e-2. No decode, no targets (they are the fp32 rows').
 // Decode (8x8, T = 8192; quick 8192; smoke 256): an MlrKvCache prefilled with T-1 tokens; a step =
 // append token T-1 + attend (each timed step starts from a copy of the prefilled cache, copied
 // untimed). Peers: dense decoding over a K/V cache of T tokens (the step writes slot T-1, then
@@ -181,6 +187,8 @@ struct Method {
 
 struct Row0 {  // what every row of a group shares
   std::string case_name;
+  std::string dtype = "float32";
+  double tolerance = kTolerance;
   nlohmann::ordered_json shape;
   std::string label;
   double flops = 0, dense_flops = 0;
@@ -199,11 +207,11 @@ void add_group_rows(BenchReport& rep, const Row0& r0, const std::vector<Method>&
     row.peer = ms[i].name;
     row.shape = r0.shape;
     row.shape_label = r0.label;
-    row.dtype = "float32";
-    row.tolerance = kTolerance;
+    row.dtype = r0.dtype;
+    row.tolerance = r0.tolerance;
     row.checked_against = r0.checked_against;
     row.ref_max_rel_err = r0.check_err;
-    row.correct = r0.check_err < kTolerance;
+    row.correct = r0.check_err < r0.tolerance;
     row.max_rel_err = peer_err[i];
     row.flops = r0.flops;
     if (ms[i].dense) row.peer_flops = r0.dense_flops;
@@ -333,6 +341,88 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   r0.dense_flops = f.dense_backward;
   r0.ratio_total = r0.dense_flops / r0.flops;
   add_group_rows(rep, r0, ms, bwd_secs, peer_err);
+}
+
+// max_rel_err of head 0 of o (BHSD, causal dense attention at scale 1/sqrt(d)) against the double
+// reference formed with torch ops in float64 (T x T: the dense peers' own error).
+double dense_head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o) {
+  const int64_t T = q.size(2);
+  const at::Tensor q0 = q[0][0].to(at::kDouble), k0 = k[0][0].to(at::kDouble), v0 = v[0][0].to(at::kDouble);
+  at::Tensor s = q0.matmul(k0.t()).mul_(1.0 / std::sqrt(double(q.size(3))));
+  s.masked_fill_(at::ones({T, T}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  return max_rel_err(o[0][0], at::softmax(s, -1).matmul(v0));
+}
+
+// The forward group of one (T, split) in bfloat16 (--dtype bfloat16): ours = strata.mlr with its
+// default compute (bf16 products where the CPU has an engine, strata/mlr.h); peers: the same call
+// with compute = fp32, strata.flash (its default compute) and SDPA, all on the same bf16 tensors.
+// Checked: ours and ours in fp32 compute against the MLR double reference (head 0), the dense peers
+// against the dense double reference (head 0), each error in the row's extra fields; bf16
+// tolerance 2e-2 (attention_tolerance: outputs rounded to bf16 are 2^-9 = 2e-3 off alone).
+void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& split, const TimingPlan& plan) {
+  MlrOptions opt = mlr_opts(split);
+  MlrOptions opt_fp32 = opt;
+  opt_fp32.compute = Compute::fp32;
+  at::manual_seed(20250907);
+  const std::vector<int64_t> sizes{1, heads, T, kHeadDim};  // batch x heads x T x d (BHSD)
+  const at::Tensor q = at::randn(sizes).to(at::kBFloat16), k = at::randn(sizes).to(at::kBFloat16),
+                   v = at::randn(sizes).to(at::kBFloat16);
+  strata::torch::AttentionArgs dense_args;
+  dense_args.causal = true;
+  dense_args.layout = "bhsd";
+  const MlrFlops f = mlr_attention_flops(1, heads, T, T, kHeadDim, opt);
+  AttnDims d;
+  d.dtype = DType::bf16;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = T;
+  d.heads_q = d.heads_kv = heads;
+  d.head_dim = d.head_dim_v = kHeadDim;
+  const Compute engine = mlr_attention_compute(d, opt);
+
+  at::Tensor o, lse, o32, lse32, o_dense, o_sdpa;
+  std::vector<Method> ms;
+  ms.push_back({"strata.mlr", [&] {
+                  o = at::empty(sizes, at::kBFloat16);
+                  lse = at::empty({1, heads, T});
+                  mlr_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(o, "o"), tv(lse, "lse"), opt);
+                }});
+  ms.push_back({"strata.mlr compute=fp32", [&] {
+                  o32 = at::empty(sizes, at::kBFloat16);
+                  lse32 = at::empty({1, heads, T});
+                  mlr_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(o32, "o"), tv(lse32, "lse"), opt_fp32);
+                }});
+  ms.push_back({"strata.flash", [&] { o_dense = std::get<0>(strata::torch::attention_forward(q, k, v, dense_args)); },
+                true});
+  ms.push_back({"torch.sdpa", [&] { o_sdpa = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true); }, true});
+  Row0 r0;
+  std::vector<double> peer_err(ms.size(), kNaN);
+  const auto check = [&] {
+    r0.check_err = head0_err(q, k, v, at::Tensor(), opt, {&o, &lse}, false);
+    peer_err[1] = head0_err(q, k, v, at::Tensor(), opt, {&o32, &lse32}, false);
+    peer_err[2] = dense_head0_err(q, k, v, o_dense);
+    peer_err[3] = dense_head0_err(q, k, v, o_sdpa);
+  };
+  const auto secs = time_group(ms, plan, check, corrupt_outputs({{"o", &o}, {"lse", &lse}}));
+  r0.case_name = "fwd causal";
+  r0.dtype = "bfloat16";
+  r0.tolerance = attention_tolerance(at::kBFloat16);
+  r0.shape = {{"batch", 1}, {"heads", heads}, {"seq", T}, {"head_dim", kHeadDim}, {"split", split.name}};
+  r0.label = fmt::format("H={} T={} {}", heads, T, split.name);
+  r0.ratio_scores = f.dense_scores / f.scores;
+  r0.checked_against = "strata::reference f64 (head 0, all T queries): o, lse";
+  r0.flops = f.total;
+  r0.dense_flops = f.dense_total;
+  r0.ratio_total = f.dense_total / f.total;
+  const size_t first = rep.rows.size();
+  add_group_rows(rep, r0, ms, secs, peer_err);
+  // each row's max_rel_err (add_group_rows) is its peer's own error against the double reference
+  for (size_t i = first; i < rep.rows.size(); ++i) {
+    rep.rows[i].extra["compute"] = compute_name(engine);
+    rep.rows[i].extra["peer_ref64_max_rel_err"] = peer_err[i - first + 1];
+  }
+  fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
+             "torch.sdpa bf16 {:.1e}\n",
+             compute_name(engine), r0.check_err, peer_err[1], peer_err[2], peer_err[3]);
 }
 
 // Decode at cache length T with the 8x8 split (see the file comment).
@@ -481,6 +571,10 @@ CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
   cmd->add_option("--split", o.split, "keep only these splits (repeatable)")
       ->check(CLI::IsMember({"8x8", "32|8|6|4|4|4|4|2", "16x4"}));
   cmd->add_option("--heads", o.heads, "heads (default 8)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--dtype", o.dtype,
+                  "float32 (default: forward, backward, decode) or bfloat16 (the forward with bf16\n"
+                  "products, against itself in fp32 compute, strata.flash and SDPA in bf16)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--ref-max-seq", o.ref_max_seq,
                   "largest T for the torch.mlr_blockwise peer (T x T buffers per level; default 4096)")
       ->type_name("T")
@@ -516,6 +610,9 @@ int run_bench_mlr(const BenchMlrOptions& o) {
   STRATA_CHECK(!(sel.empty() && !decode) && !splits.empty(), "strata bench mlr: arguments '--seq', '--split': "
                "expected a selection that keeps at least one T of the sweep and one split, got none");
 
+  STRATA_CHECK(o.dtype == "float32" || o.dtype == "bfloat16", "strata bench mlr: argument '--dtype': expected "
+               "float32 or bfloat16, got '", o.dtype, "'");
+  const bool bf16 = o.dtype == "bfloat16";
   const int threads = configure_threads(o.threads);
   fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
   std::fflush(stdout);
@@ -525,20 +622,24 @@ int run_bench_mlr(const BenchMlrOptions& o) {
   // median of 3 paired rounds on a VM with +-5-10% run-to-run noise put the forward at 1.34-1.39
   // in three sweeps while 9-round runs measured 1.37-1.49.
   const TimingPlan plan = bench_timing_plan(o.reps, o.quick, o.smoke, kGroupBudgetS);
-  fmt::print("T: {}; splits: {}; ours = strata.mlr (layout bhsd, causal, fp32), {} heads, d = d_v = {}; "
+  fmt::print("T: {}; splits: {}; ours = strata.mlr (layout bhsd, causal, {}), {} heads, d = d_v = {}; "
              "torch.mlr_blockwise up to T = {} (its backward: {}); {} timed rounds per group (ABBA order)\n",
-             fmt::join(sel, ", "), splits.size(), o.heads, kHeadDim, o.ref_max_seq, o.ref_bwd_max_seq, plan.reps);
+             fmt::join(sel, ", "), splits.size(), o.dtype, o.heads, kHeadDim, o.ref_max_seq, o.ref_bwd_max_seq, plan.reps);
   print_peer_table_header();
   for (int64_t T : sel)
     for (const Split& s : splits) {
-      run_config(rep, o.heads, T, s, plan, o.ref_max_seq, o.ref_bwd_max_seq);
+      if (bf16) {
+        run_config_bf16(rep, o.heads, T, s, plan);
+      } else {
+        run_config(rep, o.heads, T, s, plan, o.ref_max_seq, o.ref_bwd_max_seq);
+      }
       if (!o.json.empty()) write_json(rep, o.json);
     }
-  if (decode) {
+  if (decode && !bf16) {
     run_decode(rep, o.heads, decode_T, all_splits()[0], plan);
     if (!o.json.empty()) write_json(rep, o.json);
   }
-  add_targets(rep);
+  if (!bf16) add_targets(rep);  // (the targets are the fp32 rows')
   finish_report(rep, threads, o.json, o.csv);
   print_targets(rep.targets);
 

@@ -41,6 +41,7 @@ struct BenchMlrOptions {
   int threads = 0;             // 0: default
   int reps = 0;                // 0: 7 (5 with --quick, 3 with --smoke)
   int64_t heads = 8;
+  std::string dtype = "float32";   // or "bfloat16": the forward group with bf16 products
   int64_t ref_max_seq = 4096;      // largest T for the reference-construction peer
   int64_t ref_bwd_max_seq = 4096;  // and for its autograd backward
   std::vector<int64_t> seq;    // row filters (empty: all)
