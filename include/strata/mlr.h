@@ -51,10 +51,13 @@
 // and every accumulation are fp32. A bfloat16 forward runs its products on a bf16 engine
 // where the CPU has AVX512-BF16 or AMX-BF16 (MlrOptions::compute, strata/cpu.h;
 // mlr_attention_compute says which), as attention.h's: P is rounded to bf16 (relative 2^-9) for
-// P V, its row sums stay fp32; the level-1 slice q_1 . k_1 of every pair sharing level 1 is a
-// product of the bf16 inputs (exact in fp32 before the accumulation) times c_1 in fp32, while the
-// deeper slices (c_l q_l . k_l) stay fp32 products of the widened inputs. The backward runs fp32
-// products (it reads the forward's o and lse). compute = fp32 keeps the forward fp32 too.
+// P V, its row sums stay fp32; the leading levels 1..m that share c_1 (all levels with equal
+// ranks or c_l = 1/sqrt(head_dim); level 1 alone for 32|8|6|..) form c_1 sum_l q_l . k_l as one
+// product of the bf16 inputs (exact in fp32 before the accumulation) scaled by c_1 in fp32, while
+// deeper slices (their own c_l) stay fp32 products of the widened inputs. The backward runs its
+// value-side products on the same engine, dP = dO V^T of the bf16 inputs and dV = P^T dO with P
+// rounded to bf16, and keeps the score side (S, dQ, dK over the shared levels) fp32.
+// compute = fp32 keeps every product fp32.
 // A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
 // Non-finite inputs propagate and finite inputs give finite outputs exactly as attention.h says,
 // with the logit bound taken over the levels a pair shares: log2(e) * sum_l c_l sum_{d in level l}
