@@ -6,10 +6,11 @@
 #include <torch/library.h>
 
 // The options every MLR schema ends with (defaults as MlrArgs, strata/torch/mlr.h).
-#define STRATA_MLR_OPTIONS                                                                \
-  "int[] ranks, int[] block_sizes=[], int context=0, Tensor? segment_starts=None, "       \
-  "Tensor? segment_offsets=None, bool mask_cross_segment=False, str scale=\"inv_rank\", " \
-  "bool divide_by_num_levels=False, bool level_average=False, bool causal=True, str layout=\"bshd\""
+#define STRATA_MLR_OPTIONS                                                                             \
+  "int[] ranks, int[] block_sizes=[], int context=0, Tensor? segment_starts=None, "                    \
+  "Tensor? segment_offsets=None, bool mask_cross_segment=False, str scale=\"inv_rank\", "              \
+  "bool divide_by_num_levels=False, bool level_average=False, bool causal=True, str layout=\"bshd\", " \
+  "str compute=\"auto\""
 
 TORCH_LIBRARY(strata, m) {
   // Dense attention (strata/torch/attention.h).

@@ -79,6 +79,7 @@ binding::MlrResolved binding::mlr_options(const char* where, const MlrArgs& a, L
   o.level_average = a.level_average;
   o.causal = a.causal;
   o.layout = l;
+  o.compute = parse_compute(where, a.compute);
   return r;
 }
 
@@ -107,6 +108,7 @@ void save_options(AutogradContext* ctx, const MlrArgs& a) {
   ctx->saved_data["level_average"] = a.level_average;
   ctx->saved_data["causal"] = a.causal;
   ctx->saved_data["layout"] = a.layout;
+  ctx->saved_data["compute"] = a.compute;  // the backward computes as the forward was asked to
 }
 
 // Rebuilds the forward's MlrArgs from ctx and the saved (possibly undefined) segment tensors.
@@ -121,6 +123,7 @@ MlrArgs load_options(AutogradContext* ctx, const at::Tensor& segment_starts, con
   a.level_average = ctx->saved_data.at("level_average").toBool();
   a.causal = ctx->saved_data.at("causal").toBool();
   a.layout = ctx->saved_data.at("layout").toStringRef();
+  a.compute = ctx->saved_data.at("compute").toStringRef();
   if (segment_starts.defined()) a.segment_starts = segment_starts;
   if (segment_offsets.defined()) a.segment_offsets = segment_offsets;
   return a;

@@ -20,7 +20,7 @@ using binding::rethrow_as_c10;
 MlrArgs make_args(c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t context,
                   const std::optional<at::Tensor>& segment_starts, const std::optional<at::Tensor>& segment_offsets,
                   bool mask_cross_segment, c10::string_view scale, bool divide_by_num_levels, bool level_average,
-                  bool causal, c10::string_view layout) {
+                  bool causal, c10::string_view layout, c10::string_view compute) {
   MlrArgs a;
   a.ranks = ranks.vec();
   a.block_sizes = block_sizes.vec();
@@ -33,6 +33,7 @@ MlrArgs make_args(c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t 
   a.level_average = level_average;
   a.causal = causal;
   a.layout = std::string(layout);
+  a.compute = std::string(compute);
   return a;
 }
 
@@ -42,12 +43,12 @@ std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Ten
                                               const std::optional<at::Tensor>& segment_starts,
                                               const std::optional<at::Tensor>& segment_offsets, bool mask_cross_segment,
                                               c10::string_view scale, bool divide_by_num_levels, bool level_average,
-                                              bool causal, c10::string_view layout) {
+                                              bool causal, c10::string_view layout, c10::string_view compute) {
   return rethrow_as_c10([&] {
     return mlr_attention_forward(
         q, k, v,
         make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
-                  divide_by_num_levels, level_average, causal, layout));
+                  divide_by_num_levels, level_average, causal, layout, compute));
   });
 }
 
@@ -58,12 +59,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
     const at::Tensor& dout, c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t context,
     const std::optional<at::Tensor>& segment_starts, const std::optional<at::Tensor>& segment_offsets,
     bool mask_cross_segment, c10::string_view scale, bool divide_by_num_levels, bool level_average, bool causal,
-    c10::string_view layout) {
+    c10::string_view layout, c10::string_view compute) {
   return rethrow_as_c10([&] {
     return mlr_attention_backward(
         q, k, v, out, lse, dout,
         make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
-                  divide_by_num_levels, level_average, causal, layout));
+                  divide_by_num_levels, level_average, causal, layout, compute));
   });
 }
 
@@ -73,11 +74,11 @@ at::Tensor mlr_attention_op(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::optional<at::Tensor>& segment_starts,
                             const std::optional<at::Tensor>& segment_offsets, bool mask_cross_segment,
                             c10::string_view scale, bool divide_by_num_levels, bool level_average, bool causal,
-                            c10::string_view layout) {
+                            c10::string_view layout, c10::string_view compute) {
   return rethrow_as_c10([&] {
     return mlr_attention(q, k, v,
                          make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment,
-                                   scale, divide_by_num_levels, level_average, causal, layout));
+                                   scale, divide_by_num_levels, level_average, causal, layout, compute));
   });
 }
 
@@ -88,7 +89,8 @@ std::tuple<at::Tensor, at::Tensor> op_calls::mlr_attention_forward(const at::Ten
   static const auto op = binding::typed_op<decltype(forward_op)>("strata::mlr_attention_forward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
-                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
+                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout,
+                   a.compute);
   });
 }
 
@@ -98,7 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::mlr_attention_backward(
   static const auto op = binding::typed_op<decltype(backward_op)>("strata::mlr_attention_backward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, out, lse, dout, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
-                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout);
+                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout,
+                   a.compute);
   });
 }
 

@@ -85,7 +85,7 @@ def _attention_backward(q, k, v, out, lse, dout, scale=None, causal=False, windo
 @torch.library.register_fake("strata::mlr_attention_forward")
 def _mlr_attention_forward(q, k, v, ranks, block_sizes=(), context=0, segment_starts=None, segment_offsets=None,
                            mask_cross_segment=False, scale="inv_rank", divide_by_num_levels=False,
-                           level_average=False, causal=True, layout="bshd"):
+                           level_average=False, causal=True, layout="bshd", compute="auto"):
     _check_4d("mlr_attention_forward", q=q, k=k, v=v)
     s = _seq_dim(layout)
     heads = q.shape[3 - s]

@@ -79,7 +79,7 @@ def pack_segments(lists: Sequence[Sequence[int]]) -> Tuple[torch.Tensor, torch.T
 
 
 def _options(where, ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
-             divide_by_num_levels, level_average, causal, layout):
+             divide_by_num_levels, level_average, causal, layout, compute):
     """The schema's trailing option arguments, in order, checked (_check: exact types, errors
     naming `where` and the argument)."""
     return (
@@ -94,6 +94,7 @@ def _options(where, ranks, block_sizes, context, segment_starts, segment_offsets
         _check.boolean(level_average, where, "level_average"),
         _check.boolean(causal, where, "causal"),
         _check.string(layout, where, "layout"),
+        _check.string(compute, where, "compute"),
     )
 
 
@@ -113,6 +114,7 @@ def mlr_attention(
     level_average: bool = False,
     causal: bool = True,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> torch.Tensor:
     """Differentiable MLR attention (shapes in the module docstring).
 
@@ -131,6 +133,11 @@ def mlr_attention(
         scale: "inv_rank" (c_l = 1/r_l) or "inv_sqrt_head_dim".
         divide_by_num_levels: S *= 1/L.  level_average: S /= number of levels shared (bools).
         causal: bottom-right aligned causal mask (a bool).  layout: "bshd" or "bhsd".
+        compute: the products of a bfloat16 forward (the level-1 scores and P v; deeper levels
+            stay fp32, include/strata/mlr.h): "auto" (bf16 products with fp32 accumulation on
+            AMX-BF16 or AVX512-BF16 where the CPU has them, else fp32), "fp32", or one engine,
+            "avx512_bf16" / "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs and
+            the backward always compute in fp32.
 
     Returns:
         out: batch x seq_q x heads_q x head_dim_v (in ``layout``); rows with no allowed key are
@@ -140,7 +147,7 @@ def mlr_attention(
     return torch.ops.strata.mlr_attention(
         *_check.tensors(where, q=q, k=k, v=v),
         *_options(where, ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
-                  divide_by_num_levels, level_average, causal, layout)
+                  divide_by_num_levels, level_average, causal, layout, compute)
     )
 
 
@@ -160,6 +167,7 @@ def mlr_attention_forward(
     level_average: bool = False,
     causal: bool = True,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward kernel alone; float32 / bfloat16. Options as :func:`mlr_attention` (its
     ``context`` paragraph applies: context=0 takes the blocks from this call's seq_k).
@@ -175,7 +183,7 @@ def mlr_attention_forward(
     return torch.ops.strata.mlr_attention_forward(
         *_check.tensors(where, q=q, k=k, v=v),
         *_options(where, ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
-                  divide_by_num_levels, level_average, causal, layout)
+                  divide_by_num_levels, level_average, causal, layout, compute)
     )
 
 
@@ -198,6 +206,7 @@ def mlr_attention_backward(
     level_average: bool = False,
     causal: bool = True,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernel alone; float32 / bfloat16. Options must equal the forward's.
 
@@ -214,7 +223,7 @@ def mlr_attention_backward(
     return torch.ops.strata.mlr_attention_backward(
         *_check.tensors(where, q=q, k=k, v=v, out=out, lse=lse, dout=dout),
         *_options(where, ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
-                  divide_by_num_levels, level_average, causal, layout)
+                  divide_by_num_levels, level_average, causal, layout, compute)
     )
 
 

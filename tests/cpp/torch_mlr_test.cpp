@@ -1,9 +1,9 @@
 // tests/cpp/torch_mlr_test.cpp: the LibTorch layer of MLR attention (torch/mlr.cpp, ops_mlr.cpp,
 // mlr_attention.cpp) against the double-precision reference (strata::reference, per-pair
 // formula, reached through reference_mlr_attention_*), over awkward lengths (1, 7, 97, 1025),
-// rank splits, GQA, both layouts, strided views and bf16; the float64 autograd path; one level
-// against dense causal attention; segments (one list, and one list per sequence); errors; the
-// dispatcher ops; the MLRAttention module.
+// rank splits, GQA, both layouts, strided views and bf16 (and its compute option); the float64
+// autograd path; one level against dense causal attention; segments (one list, and one list per
+// sequence); errors; the dispatcher ops; the MLRAttention module.
 //
 // Tolerances (normwise: max |got - want| / max(max |want|, floor)), as core_mlr_test.cpp:
 //   fp32: 2e-5 forward, 1e-4 gradients (round-off in dot products of length <= head_dim and sums
@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -267,6 +268,62 @@ TEST(TorchMlr, Bfloat16CloseToReference) {
   }
 }
 
+// The compute option (MlrArgs::compute, strata/cpu.h): "fp32" and "auto" (bf16 products where the
+// CPU has an engine, else fp32) both hold the bf16 tolerances against the reference on the same
+// inputs, forward and gradients; the autograd Function's backward is the ops' own, bit for bit,
+// with the forward's compute; where "auto" runs an engine its forward differs from "fp32"'s (else
+// the option never reached the kernel). A name that is no engine is an error naming 'compute'.
+TEST(TorchMlr, Bfloat16ComputeOptions) {
+  at::manual_seed(5);
+  const Case c{2, 97, 97, 4, 2, 16, {16, 8, 8}, true, true};
+  auto [q, k, v] = make_qkv(c, at::kBFloat16);
+  const at::Tensor g = at::randn({c.b, c.nq, c.hq, c.dv}).to(at::kBFloat16);
+  st::MlrArgs a = c.args();
+  const std::vector<at::Tensor> want = reference(q, k, v, g, a);
+  std::vector<at::Tensor> outs;
+  for (const char* compute : {"fp32", "auto"}) {
+    a.compute = compute;
+    const std::string what = c.name() + " compute " + compute;
+    const auto got =
+        out_and_grads([&](auto& x, auto& y, auto& z) { return st::mlr_attention(x, y, z, a); }, q, k, v, g);
+    for (const at::Tensor& t : got) EXPECT_EQ(t.scalar_type(), at::kBFloat16) << what;
+    expect_close(got, want, kBf16FwdTol, kBf16GradTol, what);
+    auto [out, lse] = st::mlr_attention_forward(q, k, v, a);
+    auto [dq, dk, dv] = st::mlr_attention_backward(q, k, v, out, lse, g, a);
+    EXPECT_TRUE(at::equal(got[0], out)) << what;
+    EXPECT_TRUE(at::equal(got[1], dq)) << what;
+    EXPECT_TRUE(at::equal(got[2], dk)) << what;
+    EXPECT_TRUE(at::equal(got[3], dv)) << what;
+    outs.push_back(out);
+  }
+  strata::AttnDims d;
+  d.batch = c.b;
+  d.seqlen_q = c.nq;
+  d.seqlen_k = c.nk;
+  d.heads_q = c.hq;
+  d.heads_kv = c.hkv;
+  d.head_dim = c.d();
+  d.head_dim_v = c.dv;
+  d.dtype = strata::DType::bf16;
+  strata::MlrOptions o;
+  o.num_levels = int(c.ranks.size());
+  std::copy(c.ranks.begin(), c.ranks.end(), o.ranks);
+  o.level_average = c.level_average;
+  if (strata::mlr_attention_compute(d, o) != strata::Compute::fp32) {
+    EXPECT_FALSE(at::equal(outs[1], outs[0])) << "compute auto gave the fp32 path's output: no bf16 products ran";
+  }
+
+  auto expect_msg = [](const std::string& got, const std::string& want) {
+    EXPECT_NE(got.find(want), std::string::npos) << "message: '" << got << "', expected to contain '" << want << "'";
+  };
+  a.compute = "bf16";
+  expect_msg(message([&] { st::mlr_attention_forward(q, k, v, a); }),
+             "mlr_attention_forward: argument 'compute': expected one of auto, fp32, avx512_bf16, amx_bf16, got bf16");
+  expect_msg(message([&] { st::mlr_attention(q, k, v, a); }), "mlr_attention_forward: argument 'compute'");
+  expect_msg(message([&] { st::mlr_attention(q.to(at::kMeta), k.to(at::kMeta), v.to(at::kMeta), a); }),
+             "mlr_attention: argument 'compute'");  // the torch-ops path checks it too
+}
+
 TEST(TorchMlr, OptionsMatchReference) {
   at::manual_seed(5);
   const Case c{2, 45, 45, 2, 1, 8, {4, 2, 2}};
@@ -456,14 +513,16 @@ TEST(TorchMlr, OpsCallableThroughDispatcher) {
   using Opt = std::optional<at::Tensor>;
   using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                  c10::IntArrayRef, c10::IntArrayRef, int64_t, const Opt&, const Opt&,
-                                                 bool, c10::string_view, bool, bool, bool, c10::string_view);
+                                                 bool, c10::string_view, bool, bool, bool, c10::string_view,
+                                                 c10::string_view);
   const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("strata::mlr_attention_forward", "");
   ASSERT_EQ(handle.schema().returns().size(), 2u);
   EXPECT_EQ(handle.schema().returns()[0].name(), "out");
   EXPECT_EQ(handle.schema().returns()[1].name(), "lse");
   const auto fwd = handle.typed<Fwd>();
   const std::vector<int64_t> ranks = {4, 2, 2}, none = {};
-  auto [out, lse] = fwd.call(q, k, v, ranks, none, 0, seg, std::nullopt, false, "inv_rank", false, true, true, "bshd");
+  auto [out, lse] =
+      fwd.call(q, k, v, ranks, none, 0, seg, std::nullopt, false, "inv_rank", false, true, true, "bshd", "auto");
   st::MlrArgs a = c.args();
   a.segment_starts = seg;
   a.level_average = true;
@@ -475,19 +534,22 @@ TEST(TorchMlr, OpsCallableThroughDispatcher) {
   using Bwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
       c10::IntArrayRef, c10::IntArrayRef, int64_t, const Opt&, const Opt&, bool, c10::string_view, bool, bool, bool,
-      c10::string_view);
+      c10::string_view, c10::string_view);
   const at::Tensor g = at::randn_like(out);
   auto [dq, dk, dv] =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("strata::mlr_attention_backward", "")
           .typed<Bwd>()
-          .call(q, k, v, out, lse, g, ranks, none, 0, seg, std::nullopt, false, "inv_rank", false, true, true, "bshd");
+          .call(q, k, v, out, lse, g, ranks, none, 0, seg, std::nullopt, false, "inv_rank", false, true, true, "bshd",
+                "auto");
   using Attn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::IntArrayRef, c10::IntArrayRef,
-                          int64_t, const Opt&, const Opt&, bool, c10::string_view, bool, bool, bool, c10::string_view);
+                          int64_t, const Opt&, const Opt&, bool, c10::string_view, bool, bool, bool, c10::string_view,
+                          c10::string_view);
   const auto attn = c10::Dispatcher::singleton().findSchemaOrThrow("strata::mlr_attention", "").typed<Attn>();
   const auto got = out_and_grads(
       [&](auto& x, auto& y, auto& z) {
-        return attn.call(x, y, z, ranks, none, 0, seg, std::nullopt, false, "inv_rank", false, true, true, "bshd");
+        return attn.call(x, y, z, ranks, none, 0, seg, std::nullopt, false, "inv_rank", false, true, true, "bshd",
+                         "auto");
       },
       q, k, v, g);
   EXPECT_TRUE(at::equal(got[0], out));
@@ -498,7 +560,7 @@ TEST(TorchMlr, OpsCallableThroughDispatcher) {
   // Through the dispatcher a strata::Error arrives as a c10::Error with the same message.
   try {
     const std::vector<int64_t> bad = {4, 3};
-    fwd.call(q, k, v, bad, none, 0, std::nullopt, std::nullopt, false, "inv_rank", false, false, true, "bshd");
+    fwd.call(q, k, v, bad, none, 0, std::nullopt, std::nullopt, false, "inv_rank", false, false, true, "bshd", "auto");
     ADD_FAILURE() << "expected a c10::Error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("mlr_attention_forward: argument 'ranks'"),

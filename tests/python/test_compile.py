@@ -114,6 +114,8 @@ def _cases():
                                       dict(causal=True)))
         add("attention_forward", lambda g=g: ([t.bfloat16() for t in _qkv(1, 9, 2, 2, 16, 16, False)],
                                               dict(compute="fp32")))
+        add("mlr_attention_forward", lambda g=g: ([t.bfloat16() for t in _qkv(1, 9, 2, 2, 16, 16, False)],
+                                                  dict(ranks=[8, 4, 4], compute="fp32")))
         S = strata.structured
         add("structured_forward", lambda g=g: (_structured_case(S.btt(64, 48), (2, 5), g), {}))
         add("structured_forward_saving", lambda g=g: (_structured_case(S.mlr(64, [16, 8, 8]), (7,), g), {}))

@@ -82,6 +82,7 @@ CASES = {
     "mlr_ranks_float_tensor": (lambda: mlr(ranks=torch.tensor([4.0, 4.0])), TypeError, "ranks"),
     "mlr_block_sizes_float": (lambda: mlr(block_sizes=[8.0, 4]), TypeError, "block_sizes[0]"),
     "mlr_context_float": (lambda: mlr(context=8.0), TypeError, "context"),
+    "mlr_compute_none": (lambda: mlr(compute=None), TypeError, "compute"),
     "mlr_segment_starts_float": (lambda: mlr(segment_starts=[4.7, 9.2]), TypeError, "segment_starts[0]"),
     "mlr_segment_offsets_str": (lambda: mlr(segment_starts=[2], segment_offsets="0,1"), TypeError,
                                 "segment_offsets"),

@@ -202,6 +202,28 @@ def test_bfloat16_forward_matches_dense_truth(causal):
     assert_as_close_as_torch([out], [want], [torch_bf16], BF16_FLOOR, what=f"bf16 causal={causal}")
 
 
+# The compute option (as strata.attention's): "auto" (bf16 products where the CPU has an engine)
+# and "fp32" both hold a bf16 call to PyTorch's own bf16 error, and the autograd backward is the
+# backward op's with the forward's compute, bit for bit; "fp32" is the fp32 kernel on the widened
+# inputs, rounded, bit for bit; a name that is no engine is an error naming 'compute' (ERROR_CASES
+# below).
+@pytest.mark.parametrize("compute", ["auto", "fp32"])
+def test_bfloat16_compute_option(compute):
+    q, k, v = rand_qkv(1, 37, 37, 2, 1, 16, 16, torch.bfloat16, seed=13)
+    g = torch.randn(1, 37, 2, 16, generator=torch.Generator().manual_seed(14)).bfloat16()
+    ranks = [8, 4, 4]
+    got = out_and_grads(lambda q_, k_, v_: strata.mlr_attention(q_, k_, v_, ranks, compute=compute), q, k, v, g)
+    want = out_and_grads(lambda q_, k_, v_: dense_mlr(q_, k_, v_, ranks), q.double(), k.double(), v.double(), g)
+    peer = out_and_grads(lambda q_, k_, v_: dense_mlr(q_, k_, v_, ranks), q, k, v, g)
+    assert_as_close_as_torch(got, want, peer, BF16_FLOOR, what=f"bf16 compute={compute}")
+    out, lse = strata.mlr_attention_forward(q, k, v, ranks, compute=compute)
+    grads = strata.mlr_attention_backward(q, k, v, out, lse, g, ranks, compute=compute)
+    for name, a, b in zip(["out", "dq", "dk", "dv"], got, [out, *grads]):
+        assert torch.equal(a, b), f"compute={compute}: {name} differs from the ops'"
+    if compute == "fp32":
+        assert torch.equal(out, strata.mlr_attention_forward(q.float(), k.float(), v.float(), ranks)[0].bfloat16())
+
+
 def test_float64_path_matches_dense_truth():
     q, k, v = rand_qkv(2, 23, 23, 2, 1, 12, 6, torch.float64, seed=5)
     g = torch.randn(2, 23, 2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
@@ -351,6 +373,8 @@ ERROR_CASES = {
     "scale": (lambda q, k, v: mlr(q, k, v, scale="sqrt"),
               "argument 'scale': expected \"inv_rank\" or \"inv_sqrt_head_dim\""),
     "layout": (lambda q, k, v: mlr(q, k, v, layout="sbhd"), "argument 'layout'"),
+    "compute": (lambda q, k, v: mlr(q.bfloat16(), k.bfloat16(), v.bfloat16(), compute="bf16"),
+                "mlr_attention_forward: argument 'compute': expected one of auto, fp32, avx512_bf16, amx_bf16"),
     "q_dtype": (lambda q, k, v: mlr(q.int(), k, v), "argument 'q': expected dtype float32"),
     "v_dtype": (lambda q, k, v: strata.mlr_attention_forward(q, k, v.bfloat16(), [4, 4]), "argument 'v'"),
     "float64_forward_op": (lambda q, k, v: strata.mlr_attention_forward(q.double(), k.double(), v.double(), [4, 4]),

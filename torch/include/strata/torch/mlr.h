@@ -39,6 +39,10 @@ struct MlrArgs {
   bool level_average = false;         // S /= number of levels shared
   bool causal = true;
   std::string layout = "bshd";  // or "bhsd"
+  // The products of a bfloat16 forward (strata::Compute, strata/cpu.h; strata/mlr.h says which):
+  // "auto" (bf16 products on AMX-BF16 / AVX512-BF16 where the CPU has them), "fp32",
+  // "avx512_bf16", "amx_bf16". The backward's products are fp32 (it checks the name all the same).
+  std::string compute = "auto";
 };
 
 // Returns (out: batch x seq_q x heads_q x head_dim_v in q's layout and memory order, dtype of q;
