@@ -30,7 +30,7 @@
 // 3x the score part + 2x the P V part (recompute QK^T, dQ, dK; dP, dV), i.e. 2.5x the forward
 // for dense attention with d = d_v. Rows carry flop_ratio_scores / flop_ratio_total (dense / ours)
 // and, against the dense peers, speedup_over_flop_ratio.
-// --dtype bfloat16: the forward group alone, on bf16 tensors: ours with its default compute (bf16
+// --dtype bfloat16: the forward and backward groups on bf16 tensors: ours with its default compute (bf16
 // products where the CPU has AVX512-BF16 / AMX-BF16, strata/mlr.h) against the same call with
 // compute = fp32, strata.flash and SDPA in bf16; each method's error against its double reference
 // (head 0: the MLR one for ours, the dense one, formed in float64 torch ops, for the dense peers)
@@ -343,19 +343,29 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   add_group_rows(rep, r0, ms, bwd_secs, peer_err);
 }
 
-// max_rel_err of head 0 of o (BHSD, causal dense attention at scale 1/sqrt(d)) against the double
-// reference formed with torch ops in float64 (T x T: the dense peers' own error).
-double dense_head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o) {
+// max_rel_err of head 0 of o, or of its gradients {dq, dk, dv} given dout (BHSD, causal dense
+// attention at scale 1/sqrt(d)), against the double reference formed with torch ops in float64
+// (T x T; autograd for the gradients): the dense peers' own error.
+double dense_head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                       const std::vector<const at::Tensor*>& ours) {
   const int64_t T = q.size(2);
-  const at::Tensor q0 = q[0][0].to(at::kDouble), k0 = k[0][0].to(at::kDouble), v0 = v[0][0].to(at::kDouble);
-  at::Tensor s = q0.matmul(k0.t()).mul_(1.0 / std::sqrt(double(q.size(3))));
-  s.masked_fill_(at::ones({T, T}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
-  return max_rel_err(o[0][0], at::softmax(s, -1).matmul(v0));
+  const bool backward = ours.size() == 3;
+  at::Tensor q0 = q[0][0].to(at::kDouble).requires_grad_(backward), k0 = k[0][0].to(at::kDouble).requires_grad_(backward),
+             v0 = v[0][0].to(at::kDouble).requires_grad_(backward);
+  at::AutoGradMode grad(backward);
+  at::Tensor s = q0.matmul(k0.t()).mul(1.0 / std::sqrt(double(q.size(3))));
+  s = s.masked_fill(at::ones({T, T}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  const at::Tensor o = at::softmax(s, -1).matmul(v0);
+  if (!backward) return max_rel_err((*ours[0])[0][0], o);
+  const auto g = ::torch::autograd::grad({o}, {q0, k0, v0}, {dout[0][0].to(at::kDouble)});
+  return std::max({max_rel_err((*ours[0])[0][0], g[0]), max_rel_err((*ours[1])[0][0], g[1]),
+                   max_rel_err((*ours[2])[0][0], g[2])});
 }
 
-// The forward group of one (T, split) in bfloat16 (--dtype bfloat16): ours = strata.mlr with its
-// default compute (bf16 products where the CPU has an engine, strata/mlr.h); peers: the same call
-// with compute = fp32, strata.flash (its default compute) and SDPA, all on the same bf16 tensors.
+// The forward and backward groups of one (T, split) in bfloat16 (--dtype bfloat16): ours =
+// strata.mlr with its default compute (bf16 products where the CPU has an engine, strata/mlr.h);
+// peers: the same call with compute = fp32, strata.flash (its default compute) and SDPA, all on
+// the same bf16 tensors.
 // Checked: ours and ours in fp32 compute against the MLR double reference (head 0), the dense peers
 // against the dense double reference (head 0), each error in the row's extra fields; bf16
 // tolerance 2e-2 (attention_tolerance: outputs rounded to bf16 are 2^-9 = 2e-3 off alone).
@@ -399,8 +409,8 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   const auto check = [&] {
     r0.check_err = head0_err(q, k, v, at::Tensor(), opt, {&o, &lse}, false);
     peer_err[1] = head0_err(q, k, v, at::Tensor(), opt, {&o32, &lse32}, false);
-    peer_err[2] = dense_head0_err(q, k, v, o_dense);
-    peer_err[3] = dense_head0_err(q, k, v, o_sdpa);
+    peer_err[2] = dense_head0_err(q, k, v, at::Tensor(), {&o_dense});
+    peer_err[3] = dense_head0_err(q, k, v, at::Tensor(), {&o_sdpa});
   };
   const auto secs = time_group(ms, plan, check, corrupt_outputs({{"o", &o}, {"lse", &lse}}));
   r0.case_name = "fwd causal";
@@ -419,6 +429,56 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   for (size_t i = first; i < rep.rows.size(); ++i) {
     rep.rows[i].extra["compute"] = compute_name(engine);
     rep.rows[i].extra["peer_ref64_max_rel_err"] = peer_err[i - first + 1];
+  }
+  fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
+             "torch.sdpa bf16 {:.1e}\n",
+             compute_name(engine), r0.check_err, peer_err[1], peer_err[2], peer_err[3]);
+
+  // --- backward (the op alone, from each method's own forward outputs; SDPA: autograd on a graph
+  // built once)
+  const at::Tensor dout = at::randn(sizes).to(at::kBFloat16);
+  at::Tensor dq, dk, dv, dq32, dk32, dv32, ddq, ddk, ddv, lse_dense;
+  std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args);
+  const at::Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
+                   vg = v.detach().requires_grad_(true);
+  const at::Tensor o_sdpa_graph = at::scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
+  std::vector<at::Tensor> g_sdpa;
+  const auto mlr_bwd = [&](const MlrOptions& mo, const at::Tensor& out, const at::Tensor& l, at::Tensor& gq,
+                           at::Tensor& gk, at::Tensor& gv) {
+    gq = at::empty(sizes, at::kBFloat16);
+    gk = at::empty(sizes, at::kBFloat16);
+    gv = at::empty(sizes, at::kBFloat16);
+    mlr_attention_backward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(out, "o"), tv(l, "lse"), tv(dout, "dout"),
+                           tv(gq, "dq"), tv(gk, "dk"), tv(gv, "dv"), mo);
+  };
+  ms.clear();
+  ms.push_back({"strata.mlr", [&] { mlr_bwd(opt, o, lse, dq, dk, dv); }});
+  ms.push_back({"strata.mlr compute=fp32", [&] { mlr_bwd(opt_fp32, o32, lse32, dq32, dk32, dv32); }});
+  ms.push_back({"strata.flash", [&] {
+                  std::tie(ddq, ddk, ddv) =
+                      strata::torch::attention_backward(q, k, v, o_dense, lse_dense, dout, dense_args);
+                }, true});
+  ms.push_back({"torch.sdpa", [&] {
+                  g_sdpa = ::torch::autograd::grad({o_sdpa_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true);
+                }, true});
+  std::fill(peer_err.begin(), peer_err.end(), kNaN);
+  const auto bwd_check = [&] {
+    r0.check_err = head0_err(q, k, v, dout, opt, {&dq, &dk, &dv}, true);
+    peer_err[1] = head0_err(q, k, v, dout, opt, {&dq32, &dk32, &dv32}, true);
+    peer_err[2] = dense_head0_err(q, k, v, dout, {&ddq, &ddk, &ddv});
+    peer_err[3] = dense_head0_err(q, k, v, dout, {&g_sdpa[0], &g_sdpa[1], &g_sdpa[2]});
+  };
+  const auto bwd_secs = time_group(ms, plan, bwd_check, corrupt_outputs({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}));
+  r0.case_name = "bwd causal";
+  r0.checked_against = "strata::reference f64 (head 0, all T queries): dq, dk, dv";
+  r0.flops = f.backward;
+  r0.dense_flops = f.dense_backward;
+  r0.ratio_total = r0.dense_flops / r0.flops;
+  const size_t first_bwd = rep.rows.size();
+  add_group_rows(rep, r0, ms, bwd_secs, peer_err);
+  for (size_t i = first_bwd; i < rep.rows.size(); ++i) {
+    rep.rows[i].extra["compute"] = compute_name(engine);
+    rep.rows[i].extra["peer_ref64_max_rel_err"] = peer_err[i - first_bwd + 1];
   }
   fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
              "torch.sdpa bf16 {:.1e}\n",
@@ -572,8 +632,8 @@ CLI::App* add_bench_mlr(CLI::App& bench, BenchMlrOptions& o) {
       ->check(CLI::IsMember({"8x8", "32|8|6|4|4|4|4|2", "16x4"}));
   cmd->add_option("--heads", o.heads, "heads (default 8)")->check(CLI::Range(1, 1024));
   cmd->add_option("--dtype", o.dtype,
-                  "float32 (default: forward, backward, decode) or bfloat16 (the forward with bf16\n"
-                  "products, against itself in fp32 compute, strata.flash and SDPA in bf16)")
+                  "float32 (default: forward, backward, decode) or bfloat16 (forward and backward with\n"
+                  "bf16 products, against themselves in fp32 compute, strata.flash and SDPA in bf16)")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--ref-max-seq", o.ref_max_seq,
                   "largest T for the torch.mlr_blockwise peer (T x T buffers per level; default 4096)")

@@ -133,11 +133,12 @@ def mlr_attention(
         scale: "inv_rank" (c_l = 1/r_l) or "inv_sqrt_head_dim".
         divide_by_num_levels: S *= 1/L.  level_average: S /= number of levels shared (bools).
         causal: bottom-right aligned causal mask (a bool).  layout: "bshd" or "bhsd".
-        compute: the products of a bfloat16 forward (the level-1 scores and P v; deeper levels
-            stay fp32, include/strata/mlr.h): "auto" (bf16 products with fp32 accumulation on
-            AMX-BF16 or AVX512-BF16 where the CPU has them, else fp32), "fp32", or one engine,
-            "avx512_bf16" / "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs and
-            the backward always compute in fp32.
+        compute: the products of bfloat16 inputs (forward: the scores of the leading levels
+            that share c_1, and P v; backward: dO v^T and P^T dO; the rest stays fp32,
+            include/strata/mlr.h): "auto" (bf16 products with fp32 accumulation on AMX-BF16 or
+            AVX512-BF16 where the CPU has them, else fp32), "fp32", or one engine, "avx512_bf16" /
+            "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs always compute in
+            fp32.
 
     Returns:
         out: batch x seq_q x heads_q x head_dim_v (in ``layout``); rows with no allowed key are
