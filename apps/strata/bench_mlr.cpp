@@ -362,6 +362,23 @@ double dense_head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                    max_rel_err((*ours[2])[0][0], g[2])});
 }
 
+// add_group_rows for a bf16 group (run_config_bf16's four methods): each row's max_rel_err is its
+// peer's own error against its double reference, kept as extra.peer_ref64_max_rel_err too, beside
+// the engine; the four errors printed under the group.
+void add_bf16_group_rows(BenchReport& rep, const Row0& r0, const std::vector<Method>& ms,
+                         const std::vector<std::vector<double>>& secs, const std::vector<double>& peer_err,
+                         Compute engine) {
+  const size_t first = rep.rows.size();
+  add_group_rows(rep, r0, ms, secs, peer_err);
+  for (size_t i = first; i < rep.rows.size(); ++i) {
+    rep.rows[i].extra["compute"] = compute_name(engine);
+    rep.rows[i].extra["peer_ref64_max_rel_err"] = peer_err[i - first + 1];
+  }
+  fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
+             "torch.sdpa bf16 {:.1e}\n",
+             compute_name(engine), r0.check_err, peer_err[1], peer_err[2], peer_err[3]);
+}
+
 // The forward and backward groups of one (T, split) in bfloat16 (--dtype bfloat16): ours =
 // strata.mlr with its default compute (bf16 products where the CPU has an engine, strata/mlr.h);
 // peers: the same call with compute = fp32, strata.flash (its default compute) and SDPA, all on
@@ -423,16 +440,7 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   r0.flops = f.total;
   r0.dense_flops = f.dense_total;
   r0.ratio_total = f.dense_total / f.total;
-  const size_t first = rep.rows.size();
-  add_group_rows(rep, r0, ms, secs, peer_err);
-  // each row's max_rel_err (add_group_rows) is its peer's own error against the double reference
-  for (size_t i = first; i < rep.rows.size(); ++i) {
-    rep.rows[i].extra["compute"] = compute_name(engine);
-    rep.rows[i].extra["peer_ref64_max_rel_err"] = peer_err[i - first + 1];
-  }
-  fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
-             "torch.sdpa bf16 {:.1e}\n",
-             compute_name(engine), r0.check_err, peer_err[1], peer_err[2], peer_err[3]);
+  add_bf16_group_rows(rep, r0, ms, secs, peer_err, engine);
 
   // --- backward (the op alone, from each method's own forward outputs; SDPA: autograd on a graph
   // built once)
@@ -474,15 +482,7 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   r0.flops = f.backward;
   r0.dense_flops = f.dense_backward;
   r0.ratio_total = r0.dense_flops / r0.flops;
-  const size_t first_bwd = rep.rows.size();
-  add_group_rows(rep, r0, ms, bwd_secs, peer_err);
-  for (size_t i = first_bwd; i < rep.rows.size(); ++i) {
-    rep.rows[i].extra["compute"] = compute_name(engine);
-    rep.rows[i].extra["peer_ref64_max_rel_err"] = peer_err[i - first_bwd + 1];
-  }
-  fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
-             "torch.sdpa bf16 {:.1e}\n",
-             compute_name(engine), r0.check_err, peer_err[1], peer_err[2], peer_err[3]);
+  add_bf16_group_rows(rep, r0, ms, bwd_secs, peer_err, engine);
 }
 
 // Decode at cache length T with the 8x8 split (see the file comment).

@@ -623,27 +623,12 @@ AttnDims dims_of(const Case& c) { return test::shape_of(c, {c.B, c.Nq, c.Nk, c.H
 
 using Bf16ComputeSweep = ::testing::TestWithParam<Case>;
 TEST_P(Bf16ComputeSweep, EveryEngineMatchesReference) {
-  const std::vector<Compute> engines = bf16_engines();
-  if (engines.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the bf16 products are not tested here";
   const Case& c = GetParam();
   DenseFamily f(c);
-  const test::Shape s = f.shape();
-  const test::Tolerance tol = f.tolerance();
-  const std::vector<test::Expected> refs = f.references();
-  test::IsaGuard guard;
-  set_isa(Isa::avx512);
-  for (Compute e : engines) {
-    SCOPED_TRACE(compute_name(e));
-    f.opt.compute = e;
+  test::check_bf16_engines(f, [&](Compute e) {
     // the tiled forward takes the engine; decoding-sized calls (<= 4 queries) stay fp32
     EXPECT_EQ(attention_compute(dims_of(c), f.opt), c.Nq > 4 ? e : Compute::fp32);
-    test::Outputs out(s);
-    f.forward(0, Isa::avx512, out);
-    test::expect_forward_near(out, refs[0], s, tol);
-    if (!c.grads) continue;
-    f.backward(0, Isa::avx512, out);
-    test::expect_backward_near(out, refs[0], s, tol);
-  }
+  });
 }
 
 // Lengths 1 (the fp32 row path), 7, 97, 1025; head dims 1, 7, 65, 129 (and unequal D, Dv); every

@@ -413,30 +413,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlrSweep, ::testing::ValuesIn(shape_cases()), c
 // forward's o (D_i = rowsum(dO * O)): 2e-2 as for the dense kernel's bf16 backward.
 using MlrBf16ComputeSweep = ::testing::TestWithParam<Case>;
 TEST_P(MlrBf16ComputeSweep, EveryEngineMatchesReference) {
-  const std::vector<Compute> engines = test::bf16_engines();
-  if (engines.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the bf16 products are not tested here";
   MlrFamily f(GetParam());
-  const test::Shape s = f.shape();
-  const test::Tolerance tol = f.tolerance();
-  const std::vector<test::Expected> refs = f.references();
-  test::IsaGuard guard;
-  set_isa(Isa::avx512);
-  for (Compute e : engines) {
-    SCOPED_TRACE(compute_name(e));
-    f.opt.compute = e;
-    if (f.c.ranks.size() > 1) {
-      EXPECT_EQ(mlr_attention_compute(s.d, f.opt), e);
+  test::check_bf16_engines(f, [&](Compute e) {
+    if (f.c.ranks.size() > 1) {  // (L = 1 may take the dense kernel: attention_compute's rule)
+      EXPECT_EQ(mlr_attention_compute(f.shape().d, f.opt), e);
     }
-    for (size_t kernel = 0; kernel < f.kernels().size(); ++kernel) {
-      SCOPED_TRACE(f.kernels()[kernel]);
-      test::Outputs out(s);
-      f.forward(kernel, Isa::avx512, out);
-      test::expect_forward_near(out, refs[0], s, tol);
-      if (!f.grads()) continue;
-      f.backward(kernel, Isa::avx512, out);
-      test::expect_backward_near(out, refs[0], s, tol);
-    }
-  }
+  });
 }
 
 // Every case of the sweep in bf16 (BSHD; the storages are the shape cases' own bf16 ones).

@@ -235,6 +235,36 @@ void check_kernel(F& f) {
     }
 }
 
+// The family's bf16 products (its options' `compute`): every engine this CPU has (bf16_engines),
+// under the avx512 ISA, every kernel entry point forward and backward against the first
+// reference; expect_engine(e) checks what the family reports for its options with compute = e.
+// Skips (GTEST_SKIP) on a CPU without AVX512-BF16.
+template <class F, class ExpectEngine>
+void check_bf16_engines(F& f, ExpectEngine expect_engine) {
+  const std::vector<Compute> engines = bf16_engines();
+  if (engines.empty()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the bf16 products are not tested here";
+  const Shape s = f.shape();
+  const Tolerance tol = f.tolerance();
+  const std::vector<Expected> refs = f.references();
+  IsaGuard guard;
+  set_isa(Isa::avx512);
+  const std::vector<const char*> kernels = f.kernels();
+  for (Compute e : engines) {
+    SCOPED_TRACE(compute_name(e));
+    f.opt.compute = e;
+    expect_engine(e);
+    for (size_t kernel = 0; kernel < kernels.size(); ++kernel) {
+      SCOPED_TRACE(kernels[kernel]);
+      Outputs out(s);
+      f.forward(kernel, Isa::avx512, out);
+      expect_forward_near(out, refs[0], s, tol);
+      if (!f.grads()) continue;
+      f.backward(kernel, Isa::avx512, out);
+      expect_backward_near(out, refs[0], s, tol);
+    }
+  }
+}
+
 // One case of a sweep: the family's adapter made from it, checked.
 template <class F>
 void run_case(const typename F::Case& c) {
