@@ -408,7 +408,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlrSweep, ::testing::ValuesIn(shape_cases()), c
 // weight off by a relative 2^-9 independently, about 2^-9 of the spread of v under the row's
 // weights, the order of o's own rounding to bf16 (2e-3); the level-1 product is exact before its
 // fp32 sum, as in the fp32 path (which multiplies q by c_1 first: one rounding there, one
-// rounding of the product by c_1 here). The backward's dP = dO V^T is exact before its fp32 sum;
+// rounding of the product by c_1 here). The backward recomputes S the same way; its dP = dO V^T
+// is exact before its fp32 sum;
 // its dV reads P rounded to bf16 (each term off by 2^-9 relative, as o above); it reads this
 // forward's o (D_i = rowsum(dO * O)): 2e-2 as for the dense kernel's bf16 backward.
 using MlrBf16ComputeSweep = ::testing::TestWithParam<Case>;
