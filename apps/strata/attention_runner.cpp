@@ -159,6 +159,19 @@ std::string default_engine(const AttnCase& c) {
 
 }  // namespace
 
+double dense_head0_ref_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                           bool causal, const std::vector<const at::Tensor*>& ours) {
+  const bool backward = ours.size() == 4;
+  Outputs a;
+  a.o = *ours[0];
+  if (backward) {
+    a.dq = *ours[1];
+    a.dk = *ours[2];
+    a.dv = *ours[3];
+  }
+  return head0_err(a, reference_head0(q, k, v, dout, causal, backward), backward);
+}
+
 std::string bf16_compute_line(const BenchRow& row) {
   const nlohmann::ordered_json& x = row.extra;
   if (!x.is_object() || !x.contains("fp32_compute_median_s")) return "";

@@ -56,6 +56,12 @@ at::Tensor reference_tensor(std::vector<double>& buf, at::IntArrayRef sizes);
 // references write for one head.
 at::Tensor head0_bshd(const at::Tensor& t);
 
+// max_rel_err of batch 0, head 0 of a dense attention's outputs against the double reference
+// (strata::reference, scale 1/sqrt(d), causal or not): ours = {o} (forward) or {o, dq, dk, dv}
+// (forward and backward, given dout); BHSD tensors, q, k, v, dout as the call read them.
+double dense_head0_ref_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                           bool causal, const std::vector<const at::Tensor*>& ours);
+
 // The test hook's perturbation (bench_harness.h): adds 1 + max|t| to one element of t in place,
 // in the middle row of batch 0, head 0 (t: batch x heads x seq x dim, or batch x heads x seq), so
 // any check of that head or of the whole tensor sees a relative error of at least 1.

@@ -33,7 +33,7 @@
 // --dtype bfloat16: the forward and backward groups on bf16 tensors: ours with its default compute (bf16
 // products where the CPU has AVX512-BF16 / AMX-BF16, strata/mlr.h) against the same call with
 // compute = fp32, strata.flash and SDPA in bf16; each method's error against its double reference
-// (head 0: the MLR one for ours, the dense one, formed in float64 torch ops, for the dense peers)
+// (head 0: the MLR one for ours, strata::reference's dense one for the dense peers)
 // is printed under the group and kept in the rows (max_rel_err, extra.peer_ref64_max_rel_err);
 // tolerance 2e-2. No decode, no targets (they are the fp32 rows').
 // Decode (8x8, T = 8192; quick 8192; smoke 256): an MlrKvCache prefilled with T-1 tokens; a step =
@@ -343,25 +343,6 @@ void run_config(BenchReport& rep, int64_t heads, int64_t T, const Split& split, 
   add_group_rows(rep, r0, ms, bwd_secs, peer_err);
 }
 
-// max_rel_err of head 0 of o, or of its gradients {dq, dk, dv} given dout (BHSD, causal dense
-// attention at scale 1/sqrt(d)), against the double reference formed with torch ops in float64
-// (T x T; autograd for the gradients): the dense peers' own error.
-double dense_head0_err(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
-                       const std::vector<const at::Tensor*>& ours) {
-  const int64_t T = q.size(2);
-  const bool backward = ours.size() == 3;
-  at::Tensor q0 = q[0][0].to(at::kDouble).requires_grad_(backward), k0 = k[0][0].to(at::kDouble).requires_grad_(backward),
-             v0 = v[0][0].to(at::kDouble).requires_grad_(backward);
-  at::AutoGradMode grad(backward);
-  at::Tensor s = q0.matmul(k0.t()).mul(1.0 / std::sqrt(double(q.size(3))));
-  s = s.masked_fill(at::ones({T, T}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
-  const at::Tensor o = at::softmax(s, -1).matmul(v0);
-  if (!backward) return max_rel_err((*ours[0])[0][0], o);
-  const auto g = ::torch::autograd::grad({o}, {q0, k0, v0}, {dout[0][0].to(at::kDouble)});
-  return std::max({max_rel_err((*ours[0])[0][0], g[0]), max_rel_err((*ours[1])[0][0], g[1]),
-                   max_rel_err((*ours[2])[0][0], g[2])});
-}
-
 // add_group_rows for a bf16 group (run_config_bf16's four methods): each row's max_rel_err is its
 // peer's own error against its double reference, kept as extra.peer_ref64_max_rel_err too, beside
 // the engine; the four errors printed under the group.
@@ -426,8 +407,8 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   const auto check = [&] {
     r0.check_err = head0_err(q, k, v, at::Tensor(), opt, {&o, &lse}, false);
     peer_err[1] = head0_err(q, k, v, at::Tensor(), opt, {&o32, &lse32}, false);
-    peer_err[2] = dense_head0_err(q, k, v, at::Tensor(), {&o_dense});
-    peer_err[3] = dense_head0_err(q, k, v, at::Tensor(), {&o_sdpa});
+    peer_err[2] = dense_head0_ref_err(q, k, v, at::Tensor(), true, {&o_dense});
+    peer_err[3] = dense_head0_ref_err(q, k, v, at::Tensor(), true, {&o_sdpa});
   };
   const auto secs = time_group(ms, plan, check, corrupt_outputs({{"o", &o}, {"lse", &lse}}));
   r0.case_name = "fwd causal";
@@ -450,6 +431,7 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   const at::Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
                    vg = v.detach().requires_grad_(true);
   const at::Tensor o_sdpa_graph = at::scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
+  const at::Tensor o_sdpa_detached = o_sdpa_graph.detach();
   std::vector<at::Tensor> g_sdpa;
   const auto mlr_bwd = [&](const MlrOptions& mo, const at::Tensor& out, const at::Tensor& l, at::Tensor& gq,
                            at::Tensor& gk, at::Tensor& gv) {
@@ -473,8 +455,8 @@ void run_config_bf16(BenchReport& rep, int64_t heads, int64_t T, const Split& sp
   const auto bwd_check = [&] {
     r0.check_err = head0_err(q, k, v, dout, opt, {&dq, &dk, &dv}, true);
     peer_err[1] = head0_err(q, k, v, dout, opt, {&dq32, &dk32, &dv32}, true);
-    peer_err[2] = dense_head0_err(q, k, v, dout, {&ddq, &ddk, &ddv});
-    peer_err[3] = dense_head0_err(q, k, v, dout, {&g_sdpa[0], &g_sdpa[1], &g_sdpa[2]});
+    peer_err[2] = dense_head0_ref_err(q, k, v, dout, true, {&o_dense, &ddq, &ddk, &ddv});
+    peer_err[3] = dense_head0_ref_err(q, k, v, dout, true, {&o_sdpa_detached, &g_sdpa[0], &g_sdpa[1], &g_sdpa[2]});
   };
   const auto bwd_secs = time_group(ms, plan, bwd_check, corrupt_outputs({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}));
   r0.case_name = "bwd causal";

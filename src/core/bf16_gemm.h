@@ -19,6 +19,8 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/cpu.h"  // Compute
+
 namespace strata::cpu::bf16 {
 
 struct Gemms {
@@ -43,6 +45,16 @@ struct Gemms {
 // The engines (each defined in its own unit; call only where the CPU has the ISA).
 extern const Gemms kAvx512Bf16;
 extern const Gemms kAmxBf16;
+
+// The engine of a resolved Compute (strata::resolve_compute), or null for fp32 products. Inline:
+// the engines' units are compiled with their ISA's flags, this runs on any CPU.
+inline const Gemms* engine(Compute c) {
+  switch (c) {
+    case Compute::avx512_bf16: return &kAvx512Bf16;
+    case Compute::amx_bf16: return &kAmxBf16;
+    default: return nullptr;
+  }
+}
 
 // Rounds `rows` fp32 rows of n floats (src, row stride lds) to bf16 (nearest even) as pair rows of
 // B's layout: dst[kk * ldd + c] = (src[2kk][c], src[2kk + 1][c]) for kk < out_pairs, rows at or

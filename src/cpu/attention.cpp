@@ -69,11 +69,7 @@ const cpu::bf16::Gemms* forward_bf16_gemms(const char* where, const AttnDims& d,
     resolve_compute(where, opt.compute, d.dtype == DType::bf16);
     return nullptr;
   }
-  switch (resolve_compute(where, opt.compute, d.dtype == DType::bf16)) {
-    case Compute::avx512_bf16: return &cpu::bf16::kAvx512Bf16;
-    case Compute::amx_bf16: return &cpu::bf16::kAmxBf16;
-    default: return nullptr;
-  }
+  return cpu::bf16::engine(resolve_compute(where, opt.compute, d.dtype == DType::bf16));
 }
 
 // Validates every forward argument and fills the kernel params (o/lse included; the bf16 engine

@@ -37,11 +37,7 @@ MlrParams make_params(const char* where, const TensorView& q, const TensorView& 
   p.level_average = opt.level_average;
   p.mask_cross_segment = opt.mask_cross_segment;
   p.causal = opt.causal;
-  switch (resolve_compute(where, opt.compute, d.dtype == DType::bf16)) {
-    case Compute::avx512_bf16: p.bf16_gemms = &cpu::bf16::kAvx512Bf16; break;
-    case Compute::amx_bf16: p.bf16_gemms = &cpu::bf16::kAmxBf16; break;
-    default: break;
-  }
+  p.bf16_gemms = cpu::bf16::engine(resolve_compute(where, opt.compute, d.dtype == DType::bf16));
   return p;
 }
 
@@ -240,13 +236,7 @@ Compute mlr_attention_compute(const AttnDims& d, const MlrOptions& opt) {
   p.seqlen_q = d.seqlen_q;
   p.seqlen_k = d.seqlen_k;
   p.causal = opt.causal;
-  if (is_dense(p)) {
-    AttentionOptions a;
-    a.causal = opt.causal;
-    a.layout = opt.layout;
-    a.compute = opt.compute;
-    return attention_compute(d, a);
-  }
+  if (is_dense(p)) return attention_compute(d, dense_options(p, opt));  // (its scale plays no part)
   return resolve_compute(where, opt.compute, d.dtype == DType::bf16);
 }
 
