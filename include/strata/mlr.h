@@ -55,9 +55,9 @@
 // ranks or c_l = 1/sqrt(head_dim); level 1 alone for 32|8|6|..) form c_1 sum_l q_l . k_l as one
 // product of the bf16 inputs (exact in fp32 before the accumulation) scaled by c_1 in fp32, while
 // deeper slices (their own c_l) stay fp32 products of the widened inputs. The backward runs on the
-// same engine its value-side products, dP = dO V^T of the bf16 inputs and dV = P^T dO with P
-// rounded to bf16, and S's leading levels as the forward does; dQ, dK and S's deeper slices stay
-// fp32.
+// same engine dP = dO V^T of the bf16 inputs, dV = P^T dO with P rounded to bf16, S's leading
+// levels as the forward does, and dK, dQ over the leading levels' features from
+// G = P (dP - D_i) / m rounded to bf16 (as attention.h's dS); deeper slices stay fp32.
 // compute = fp32 keeps every product fp32.
 // A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
 // Non-finite inputs propagate and finite inputs give finite outputs exactly as attention.h says,
