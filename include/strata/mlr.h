@@ -56,8 +56,8 @@
 // product of the bf16 inputs (exact in fp32 before the accumulation) scaled by c_1 in fp32, while
 // deeper slices (their own c_l) stay fp32 products of the widened inputs. The backward runs on the
 // same engine dP = dO V^T of the bf16 inputs, dV = P^T dO with P rounded to bf16, S's leading
-// levels as the forward does, and dK, dQ over the leading levels' features from
-// G = P (dP - D_i) / m rounded to bf16 (as attention.h's dS); deeper slices stay fp32.
+// levels as the forward does, and dK, dQ from G = P (dP - D_i) / m rounded to bf16 (as
+// attention.h's dS); S's deeper slices (their own c_l) stay fp32.
 // compute = fp32 keeps every product fp32.
 // A query row with no allowed key gives zeros, lse = -inf, zero gradients (as attention.h).
 // Non-finite inputs propagate and finite inputs give finite outputs exactly as attention.h says,

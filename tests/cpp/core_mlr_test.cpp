@@ -410,10 +410,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlrSweep, ::testing::ValuesIn(shape_cases()), c
 // fp32 sum, as in the fp32 path (which multiplies q by c_1 first: one rounding there, one
 // rounding of the product by c_1 here). The backward recomputes S the same way; its dP = dO V^T
 // is exact before its fp32 sum; its dV reads P rounded to bf16 (each term off by 2^-9 relative,
-// as o above); dK and dQ over the leading levels read G = P (dP - D_i) / m rounded to bf16 (the
-// same 2^-9 per term, as the dense kernel's dS); it reads this forward's o (D_i = rowsum(dO * O)):
-// 2e-2 as for the dense kernel's bf16 backward. (A 2% error in the engine's dK fails 18 cases, in
-// its dQ 12: the cases whose leading-level gradient products are large enough to see it.)
+// as o above); dK and dQ over each pair's shared prefix read G = P (dP - D_i) / m rounded to bf16
+// (the same 2^-9 per term, as the dense kernel's dS); it reads this forward's o (D_i = rowsum(dO *
+// O)): 2e-2 as for the dense kernel's bf16 backward. (A 2% error in the engine's dK fails 22 cases,
+// in its dQ 18: those whose prefix products are large enough beside the rest to see it.)
 using MlrBf16ComputeSweep = ::testing::TestWithParam<Case>;
 TEST_P(MlrBf16ComputeSweep, EveryEngineMatchesReference) {
   MlrFamily f(GetParam());
