@@ -52,6 +52,19 @@
 // every query of that offset (T = 1; later steps spread it further). Tests:
 // tests/cpp/core_nonfinite_test.cpp.
 //
+// bf16 products (opt in): with compute = avx512_bf16 or amx_bf16 a bfloat16 forward runs its six
+// products on that bf16 engine (bf16 operands, fp32 accumulation, as attention.h's). compute =
+// auto keeps fp32 products for Monarch: the bf16 path is correct but not faster yet (N = 4096,
+// 12 heads, d = 64, T = 1, 2 threads: AMX 21.2 ms against fp32's 20.6, AVX512-BF16 39.8 ms; its
+// operands go through fp32 copies and the small products do not hide the packing).
+// Products of the inputs read them exactly (S = q k^T at step 1, the keys, values and queries of
+// every product); y = R v and o = L y read R, L and y rounded to bf16, as attention.h rounds P. The
+// operands that feed a logit, R and al (for the L logits q . al - cl), w L and abar (for the next
+// step's R logits), enter their products as two bf16 parts, hi + lo (x - hi - lo ~ 2^-17 x): one
+// rounding there moved logits by 2^-9 of their scale and the gradients through the saved state by
+// 2% (T = 3, peaky softmaxes). Softmaxes, their statistics (cl) and every sum stay fp32. The
+// backward computes in fp32 whatever compute asks. compute = fp32 keeps every product fp32.
+//
 // Padding: N not a multiple of B is zero-padded to M*B tokens, at the end (MonarchPad::post) or at
 // the front (MonarchPad::pre: ViT with B = 14, N = 197 puts CLS + padding in block 0). Padded
 // tokens are never valid keys and never valid queries; the output is sliced back to N.
@@ -84,6 +97,7 @@
 #include <limits>
 
 #include "strata/checks.h"
+#include "strata/cpu.h"  // Compute
 #include "strata/tensor.h"
 
 namespace strata {
@@ -99,6 +113,7 @@ struct MonarchOptions {
   Layout layout = Layout::BSHD;
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1 / sqrt(head_dim)
   TensorView key_padding_mask;  // optional: batch x seqlen, uint8, nonzero = keep
+  Compute compute = Compute::automatic;  // products of a bf16 forward (strata/cpu.h; see above)
 };
 
 // Block geometry for a sequence length (after the block_size default is applied).
@@ -119,6 +134,12 @@ void validate(const char* where, const MonarchOptions& opt, const AttnDims& d);
 // query head), over the padded length P = M*B, P * (D * ((T-1)(2B + 2M) + 2B + M) + Dv * (B + M))
 // MACs, which is the paper's N * D * [T (2B + 2M) + B] when Dv = D and N = P. N = 0 gives 0.
 double monarch_attention_flops(const AttnDims& d, const MonarchOptions& opt);
+
+// The engine a forward of sizes d with opt runs its products on (strata/cpu.h): fp32, or the
+// avx512_bf16 / amx_bf16 engine opt.compute names for bf16 inputs (auto: fp32; see the file
+// comment). Throws strata::Error naming 'compute' when opt.compute asks for an engine this CPU (or
+// the active ISA) does not have.
+Compute monarch_attention_compute(const AttnDims& d, const MonarchOptions& opt);
 
 // Forward: writes o, and state when it is defined (pass TensorView{} to skip it).
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

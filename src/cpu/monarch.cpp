@@ -72,6 +72,12 @@ MonarchParams make_params(const char* where, const TensorView& q, const TensorVi
   return p;
 }
 
+// The forward's engine: resolve_compute's, except that auto keeps fp32 products (the bf16 path is
+// not faster yet: strata/monarch.h); an explicit engine is checked and honoured.
+Compute resolve(const char* where, Compute want, bool bf16_inputs) {
+  return want == Compute::automatic ? Compute::fp32 : resolve_compute(where, want, bf16_inputs);
+}
+
 }  // namespace
 
 void validate(const char* where, const MonarchOptions& opt, const AttnDims& d) {
@@ -122,6 +128,12 @@ double monarch_attention_flops(const AttnDims& d, const MonarchOptions& opt) {
   return 2.0 * macs * double(d.heads_q) * double(d.batch);
 }
 
+Compute monarch_attention_compute(const AttnDims& d, const MonarchOptions& opt) {
+  const char* where = "monarch_attention_compute";
+  validate(where, opt, d);
+  return resolve(where, opt.compute, d.dtype == DType::bf16);
+}
+
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& o, const TensorView& state, const MonarchOptions& opt) {
   const char* where = "monarch_attention_forward";
@@ -131,6 +143,7 @@ void monarch_attention_forward(const TensorView& q, const TensorView& k, const T
   check_out(where, o, L, d);
   check_no_overlap(where, "o", o);
   p.o = strided(o, L);
+  p.bf16_gemms = cpu::bf16::engine(resolve(where, opt.compute, d.dtype == DType::bf16));
   STRATA_ACTIVE_KERNELS(kMonarchKernels).forward(p);
 }
 

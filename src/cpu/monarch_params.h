@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/bf16_gemm.h"
 #include "core/dispatch.h"
 #include "cpu/attention_params.h"  // Strided4
 #include "strata/tensor.h"
@@ -24,6 +25,8 @@ struct MonarchParams {
   int64_t kpm_sb = 0, kpm_ss = 0;
   float* state = nullptr;  // optional: B x Hq x (T-1) x (M*B) x D, fp32
   int64_t st_sb = 0, st_sh = 0, st_st = 0, st_sp = 0, st_sd = 0;
+  // forward only: the bf16 engine of its products (bf16 inputs, src/core/bf16_gemm.h), or null
+  const bf16::Gemms* bf16_gemms = nullptr;
   // backward only
   Strided4 dout, dq, dk, dv;
 };

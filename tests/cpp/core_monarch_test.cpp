@@ -26,6 +26,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -276,6 +277,89 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) { return i.param.
 
 INSTANTIATE_TEST_SUITE_P(Lengths, MonarchSweep, ::testing::ValuesIn(length_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, MonarchSweep, ::testing::ValuesIn(shape_cases()), case_name);
+
+// ---- bf16 products (MonarchOptions::compute, strata/cpu.h) --------------------------------------
+// bf16 inputs with compute = avx512_bf16 / amx_bf16 (opt in: auto keeps fp32) run the forward's six
+// products on that engine (strata/monarch.h): the inputs exactly, R, L and y rounded to bf16 where
+// they weigh outputs, R, al, w L and abar as hi + lo bf16 parts where they feed a logit. Every case
+// of the sweep, in bf16, is held to the
+// reference on every engine this CPU has, and the engine is checked to be the one that runs; the
+// cases cover what the path adds: K dims padded to 32 (D = 1, 24, 59, 128; B and M from 1 to
+// 300), row chunks of 64 and lane chunks of 128 with their 16-row remainders (B = 150, M = 150),
+// T = 1..3 (abar rounded on the way into the next R-step), both modes, masks, padding sides, GQA.
+// The backward computes in fp32 (its gradients are checked here too, through this forward's
+// saved state).
+//
+// Tolerance: 2e-2 forward, the sweep's 1e-2 gradients. The forward's new errors beside the
+// output's own rounding (2^-9 = 2e-3): the weights of y = R v and o = L y rounded (each off by a
+// relative 2^-9, independently: about 2^-9 of the spread of the averaged rows, as attention's P,
+// times the few products in a row), and y rounded (2^-9 again); the logits' operands are split, so
+// they add ~2^-17. Measured max over the sweep (both engines): o 8.8e-3 (N = 97, B = 20, reference
+// mode: an output small beside its values), dq / dk / dv 3.7e-3 (as with fp32 products: the
+// backward reads this forward's saved state). With the logits' operands rounded once instead of
+// split, o reached 1.2e-2 and dk 2.0e-2 (T = 3, amp 3). A 2% error in the scale of o's product
+// fails 73 cases, of a's 43, of S's or U's 3 (a logit scale error moves outputs little).
+struct MonarchBf16Family : MonarchFamily {
+  using MonarchFamily::MonarchFamily;
+  test::Tolerance tolerance() const { return test::Tolerance{2e-2, 1e-2}; }
+};
+using MonarchBf16ComputeSweep = ::testing::TestWithParam<Case>;
+TEST_P(MonarchBf16ComputeSweep, EveryEngineMatchesReference) {
+  MonarchBf16Family f(GetParam());
+  test::check_bf16_engines(f, [&](Compute e) { EXPECT_EQ(monarch_attention_compute(f.shape().d, f.opt), e); });
+}
+
+// Every case of the sweep in bf16 (BSHD; the storages are the shape cases' own bf16 ones), and a
+// longer sequence at the paper's sizes (D = 64, B = floor(sqrt(N)) = 32, M = 33 with padding).
+std::vector<Case> bf16_compute_cases() {
+  std::vector<Case> v;
+  std::set<std::string> names;  // the fp32 storage case made bf16 is the bf16 one
+  for (auto cases : {length_cases(), shape_cases()})
+    for (Case c : cases) {
+      if (c.dtype != DType::bf16 && !(c.layout == Layout::BSHD && c.gap == 0 && c.dim_stride == 1)) continue;
+      c.dtype = DType::bf16;
+      if (names.insert(c.name()).second) v.push_back(c);
+    }
+  for (int64_t T : {1, 2}) {
+    Case c;
+    c.dtype = DType::bf16;
+    c.N = 1025;
+    c.Hq = c.Hkv = 1;
+    c.D = c.Dv = 64;
+    c.T = T;
+    c.mask = T == 2;
+    v.push_back(c);
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Bf16Compute, MonarchBf16ComputeSweep, ::testing::ValuesIn(bf16_compute_cases()), case_name);
+
+// compute = fp32 keeps a bf16 forward on fp32 products; an engine the CPU or the active ISA lacks
+// is an error naming 'compute'; float32 inputs compute in fp32 whatever compute asks.
+TEST(Monarch, ComputeOptionResolves) {
+  AttnDims d;
+  d.dtype = DType::bf16;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = 300;
+  d.heads_q = d.heads_kv = 1;
+  d.head_dim = d.head_dim_v = 16;
+  MonarchOptions o;
+  o.compute = Compute::fp32;
+  EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);
+  test::IsaGuard guard;
+  set_isa(Isa::scalar);  // below avx512: no engine, whatever the CPU has
+  o.compute = Compute::avx512_bf16;
+  test::expect_error([&] { monarch_attention_compute(d, o); }, {"monarch_attention_compute", "compute", "avx512_bf16"});
+  o.compute = Compute::automatic;
+  EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);
+  set_isa(Isa::avx512);
+  EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);  // auto: fp32 (strata/monarch.h)
+  d.dtype = DType::f32;
+  for (Compute e : test::bf16_engines()) {
+    o.compute = e;
+    EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);
+  }
+}
 
 // ---- finite differences of the float64 reference ------------------------------------------------
 
