@@ -24,6 +24,12 @@
 // because the kernel computes the padded blocks too. Dense: strata::attention_flops, 4*N^2*D.
 // Backward 2.5x forward for both (docs/methods.md's convention). ideal_mac_ratio = dense / Monarch
 // FLOPs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
+// --dtype bfloat16: one forward group per N on bf16 tensors: ours with the CPU's best bf16 engine
+// (compute = amx_bf16, else avx512_bf16, as the dense kernel's auto; Monarch's own auto keeps fp32)
+// for each T, against the same call with compute = fp32, strata.flash and SDPA in bf16; each
+// method's error against its double reference (head 0, N <= 4096: Monarch's for ours, the dense
+// one for the peers) printed and kept in the rows (extra). bf16 tolerance 2e-2 (the core's bf16
+// sweep's, tests/cpp/core_monarch_test.cpp).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/core.h>
@@ -231,6 +237,113 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
   }
 }
 
+// The bf16 forward group of one N (--dtype bfloat16; see the file comment).
+void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
+                const TimingPlan& plan, Compute engine) {
+  at::manual_seed(20250518);
+  const std::vector<int64_t> sizes{1, heads, N, kHeadDim};  // batch x heads x N x d (BHSD)
+  const at::Tensor q = at::randn(sizes).to(at::kBFloat16), k = at::randn(sizes).to(at::kBFloat16),
+                   v = at::randn(sizes).to(at::kBFloat16);
+  strata::torch::AttentionArgs dense_args;
+  dense_args.layout = "bhsd";
+  const size_t S = steps_list.size();
+  std::vector<MonarchOptions> opts(S), opts32(S);
+  for (size_t s = 0; s < S; ++s) {
+    opts[s].num_steps = steps_list[s];
+    opts[s].layout = Layout::BHSD;
+    opts[s].compute = engine;
+    opts32[s] = opts[s];
+    opts32[s].compute = Compute::fp32;
+  }
+  const MonarchGeometry g = monarch_geometry(N, opts[0]);
+  AttnDims dims;
+  dims.batch = 1;
+  dims.seqlen_q = dims.seqlen_k = N;
+  dims.heads_q = dims.heads_kv = heads;
+  dims.head_dim = dims.head_dim_v = kHeadDim;
+  const AttentionFlops dense = attention_flops(dims, /*causal=*/false);
+  const bool with_ref = N <= kRefMaxN;
+
+  std::vector<at::Tensor> o(S), o32(S);
+  at::Tensor o_dense, o_sdpa;
+  std::vector<BenchMethod> fns;  // ours for each T, ours compute = fp32 for each T, strata.flash, torch.sdpa
+  const auto monarch = [&](const MonarchOptions& mo, at::Tensor& out) {
+    out = at::empty(sizes, at::kBFloat16);
+    monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(out, "o"), TensorView{}, mo);
+  };
+  for (size_t s = 0; s < S; ++s)
+    fns.push_back({fmt::format("strata.monarch T={}", steps_list[s]), [&, s] { monarch(opts[s], o[s]); }});
+  for (size_t s = 0; s < S; ++s)
+    fns.push_back({fmt::format("strata.monarch T={} compute=fp32", steps_list[s]), [&, s] { monarch(opts32[s], o32[s]); }});
+  fns.push_back({"strata.flash", [&] { o_dense = std::get<0>(strata::torch::attention_forward(q, k, v, dense_args)); }});
+  fns.push_back({"torch.sdpa", [&] { o_sdpa = at::scaled_dot_product_attention(q, k, v); }});
+
+  // Errors against the double references (head 0), NaN above kRefMaxN.
+  std::vector<double> err(S, kNaN), err32(S, kNaN);
+  double err_dense = kNaN, err_sdpa = kNaN;
+  const auto monarch_err = [&](const MonarchOptions& mo, const at::Tensor& out) {
+    const at::Tensor q0 = q.narrow(1, 0, 1), k0 = k.narrow(1, 0, 1), v0 = v.narrow(1, 0, 1);
+    std::vector<double> ro(size_t(N * kHeadDim));
+    reference::monarch_attention_forward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), mo, ro.data());
+    return max_rel_err(head0_bshd(out), reference_tensor(ro, {1, N, 1, kHeadDim}));
+  };
+  const auto check_all = [&] {
+    if (!with_ref) return;
+    for (size_t s = 0; s < S; ++s) {
+      err[s] = monarch_err(opts[s], o[s]);
+      err32[s] = monarch_err(opts32[s], o32[s]);
+    }
+    err_dense = dense_head0_ref_err(q, k, v, at::Tensor(), false, {&o_dense});
+    err_sdpa = dense_head0_ref_err(q, k, v, at::Tensor(), false, {&o_sdpa});
+  };
+  const CorruptFn corrupt = [&](const std::string& name) {
+    if (name != "o") return false;
+    for (size_t s = 0; s < S; ++s) perturb_for_test(o[s]);
+    return true;
+  };
+  const auto secs = run_timed_group(fns, plan, check_all, corrupt).secs;
+
+  const double tol = 2e-2;
+  for (size_t s = 0; s < S; ++s) {
+    const int64_t T = steps_list[s];
+    const double fwd = monarch_attention_flops(dims, opts[s]);
+    const double ideal = dense.forward / fwd;
+    const std::string peers[] = {fmt::format("strata.monarch T={} compute=fp32", T), "strata.flash", "torch.sdpa"};
+    const std::vector<double>* peer_secs[] = {&secs[S + s], &secs[2 * S], &secs[2 * S + 1]};
+    const double peer_err[] = {err32[s], err_dense, err_sdpa};
+    for (size_t p = 0; p < 3; ++p) {
+      BenchRow row;
+      row.case_name = "fwd";
+      row.method = "strata.monarch";
+      row.peer = peers[p];
+      row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
+      row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, g.block_size);
+      row.dtype = "bfloat16";
+      row.tolerance = tol;
+      row.checked_against = with_ref ? "strata::reference f64 (head 0)" : "unchecked (N > 4096: no reference)";
+      row.ref_max_rel_err = err[s];
+      row.correct = with_ref ? err[s] < tol : true;
+      row.max_rel_err = peer_err[p];  // the peer's own error against its double reference
+      row.flops = fwd;
+      row.peer_flops = p == 0 ? fwd : dense.forward;
+      set_row_times(row, secs[s], *peer_secs[p]);
+      row.extra = {{"compute", compute_name(engine)},
+                   {"block_size", g.block_size},
+                   {"num_blocks", g.num_blocks},
+                   {"ideal_mac_ratio", ideal},
+                   {"peer_ref64_max_rel_err", peer_err[p]}};
+      if (p > 0) row.extra["fraction_of_ideal"] = row.speedup.median / ideal;
+      rep.rows.push_back(std::move(row));
+      print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
+                           p == 0 ? std::string("same call, fp32 products")
+                                  : fmt::format("ideal {:.1f}x, {:.2f} of it", ideal, rep.rows.back().speedup.median / ideal));
+    }
+    fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
+               "torch.sdpa bf16 {:.1e}\n",
+               compute_name(engine), err[s], err32[s], err_dense, err_sdpa);
+  }
+}
+
 }  // namespace
 
 CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o) {
@@ -244,6 +357,10 @@ CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o) {
   cmd->add_option("--steps", o.steps, "keep only these step counts T (repeatable; default 1 and 2)")
       ->check(CLI::Range(1, 16));
   cmd->add_option("--heads", o.heads, "heads (default 12)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--dtype", o.dtype,
+                  "float32 (default: forward and backward) or bfloat16 (the forward with bf16 products, opt in,\n"
+                  "against itself in fp32 compute, strata.flash and SDPA in bf16)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
                            "timed rounds per group (ABBA order) after one warm-up (default 7, 5 with --quick,\n"
                            "3 with --smoke; more rounds are cut back on groups over 20 s, never under those)");
@@ -264,6 +381,13 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
   STRATA_CHECK(!sel.empty(), "strata bench monarch: argument '--seq': expected a selection that keeps at least "
                "one N of the ", o.smoke ? "smoke" : o.quick ? "quick" : "full", " sweep, got none");
 
+  STRATA_CHECK(o.dtype == "float32" || o.dtype == "bfloat16", "strata bench monarch: argument '--dtype': expected "
+               "float32 or bfloat16, got '", o.dtype, "'");
+  const bool bf16 = o.dtype == "bfloat16";
+  // the best engine here (what the dense and MLR kernels' auto takes); Monarch's auto keeps fp32
+  const Compute engine = resolve_compute("strata bench monarch", Compute::automatic, true);
+  STRATA_CHECK(!bf16 || engine != Compute::fp32, "strata bench monarch: argument '--dtype': bfloat16 needs a CPU "
+               "(and ISA) with AVX512-BF16, the bf16 products' engines; this one has none (strata info)");
   const int threads = configure_threads(o.threads);
   fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
   std::fflush(stdout);
@@ -276,7 +400,11 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
              fmt::join(sel, ", "), fmt::join(steps, ", "), o.heads, kHeadDim, plan.reps);
   print_peer_table_header();
   for (int64_t n : sel) {
-    run_n(rep, o.heads, n, steps, plan);
+    if (bf16) {
+      run_n_bf16(rep, o.heads, n, steps, plan, engine);
+    } else {
+      run_n(rep, o.heads, n, steps, plan);
+    }
     if (!o.json.empty()) write_json(rep, o.json);
   }
   const auto speedup_at = [&](int64_t n) -> std::optional<double> {
@@ -286,8 +414,10 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
         return r.speedup.median;
     return std::nullopt;
   };
-  rep.targets.push_back({"fwd T=1 N=4096: speedup vs torch.sdpa", 10.0, speedup_at(4096)});
-  rep.targets.push_back({"fwd T=1 N=16384: speedup vs torch.sdpa", 20.0, speedup_at(16384)});
+  if (!bf16) {  // (the targets are the fp32 rows')
+    rep.targets.push_back({"fwd T=1 N=4096: speedup vs torch.sdpa", 10.0, speedup_at(4096)});
+    rep.targets.push_back({"fwd T=1 N=16384: speedup vs torch.sdpa", 20.0, speedup_at(16384)});
+  }
   finish_report(rep, threads, o.json, o.csv);
   print_targets(rep.targets);
 

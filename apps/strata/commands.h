@@ -57,6 +57,7 @@ struct BenchMonarchOptions {
   int reps = 0;                     // 0: 7 (5 with --quick, 3 with --smoke)
   int64_t heads = 12;
   std::vector<int64_t> seq, steps;  // filters (empty: all N; T = 1 and 2)
+  std::string dtype = "float32";    // or bfloat16: the forward's bf16 products (opt in)
 };
 CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o);
 int run_bench_monarch(const BenchMonarchOptions& o);
