@@ -54,8 +54,9 @@
 //
 // bf16 products (opt in): with compute = avx512_bf16 or amx_bf16 a bfloat16 forward runs its six
 // products on that bf16 engine (bf16 operands, fp32 accumulation, as attention.h's). compute =
-// auto keeps fp32 products for Monarch: the bf16 path is correct but not faster yet (N = 4096,
-// 12 heads, d = 64, T = 1, 2 threads: AMX 21.2 ms against fp32's 20.6, AVX512-BF16 39.8 ms; its
+// auto keeps fp32 products for Monarch: the bf16 path is correct but not faster yet (bench
+// monarch --dtype bfloat16, 12 heads, d = 64, 2 threads, AMX: 1.17x fp32 compute at N = 4096 T = 1,
+// 1.01x at T = 2, 0.79-0.89x at N = 1024; AVX512-BF16 2x slower than fp32 on that Xeon; its
 // operands go through fp32 copies and the small products do not hide the packing).
 // Products of the inputs read them exactly (S = q k^T at step 1, the keys, values and queries of
 // every product); y = R v and o = L y read R, L and y rounded to bf16, as attention.h rounds P. The
