@@ -455,28 +455,12 @@ INSTANTIATE_TEST_SUITE_P(Bf16Compute, MlrBf16ComputeSweep, ::testing::ValuesIn(b
 // compute = fp32 keeps a bf16 forward on fp32 products; an engine the CPU or the active ISA lacks
 // is an error naming 'compute'; float32 inputs compute in fp32 whatever compute asks.
 TEST(Mlr, ComputeOptionResolves) {
-  AttnDims d;
-  d.dtype = DType::bf16;
-  d.batch = 1;
-  d.seqlen_q = d.seqlen_k = 300;
-  d.heads_q = d.heads_kv = 1;
-  d.head_dim = 16;
-  d.head_dim_v = 16;
-  MlrOptions o = mlr_options({8, 4, 4});
-  o.compute = Compute::fp32;
-  EXPECT_EQ(mlr_attention_compute(d, o), Compute::fp32);
   test::IsaGuard guard;
-  set_isa(Isa::scalar);  // below avx512: no engine, whatever the CPU has
-  o.compute = Compute::avx512_bf16;
-  test::expect_error([&] { mlr_attention_compute(d, o); }, {"mlr_attention_compute", "compute", "avx512_bf16"});
-  o.compute = Compute::automatic;
-  EXPECT_EQ(mlr_attention_compute(d, o), Compute::fp32);
-  d.dtype = DType::f32;
-  for (Compute e : test::bf16_engines()) {
-    set_isa(Isa::avx512);
-    o.compute = e;
-    EXPECT_EQ(mlr_attention_compute(d, o), Compute::fp32);
-  }
+  test::check_compute_rules("mlr_attention_compute", [](AttnDims d, Compute c) {
+    MlrOptions o = mlr_options({8, 4, 4});
+    o.compute = c;
+    return mlr_attention_compute(d, o);
+  });
 }
 
 // ---- L = 1 is dense attention ------------------------------------------------------------------

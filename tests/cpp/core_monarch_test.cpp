@@ -337,29 +337,20 @@ INSTANTIATE_TEST_SUITE_P(Bf16Compute, MonarchBf16ComputeSweep, ::testing::Values
 // compute = fp32 keeps a bf16 forward on fp32 products; an engine the CPU or the active ISA lacks
 // is an error naming 'compute'; float32 inputs compute in fp32 whatever compute asks.
 TEST(Monarch, ComputeOptionResolves) {
-  AttnDims d;
-  d.dtype = DType::bf16;
-  d.batch = 1;
-  d.seqlen_q = d.seqlen_k = 300;
-  d.heads_q = d.heads_kv = 1;
-  d.head_dim = d.head_dim_v = 16;
-  MonarchOptions o;
-  o.compute = Compute::fp32;
-  EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);
   test::IsaGuard guard;
-  set_isa(Isa::scalar);  // below avx512: no engine, whatever the CPU has
-  o.compute = Compute::avx512_bf16;
-  test::expect_error([&] { monarch_attention_compute(d, o); }, {"monarch_attention_compute", "compute", "avx512_bf16"});
-  o.compute = Compute::automatic;
-  EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);
-  if (test::bf16_engines().empty()) return;  // (set_isa(avx512) throws on a CPU without AVX-512)
-  set_isa(Isa::avx512);
-  EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);  // auto: fp32 even with engines (strata/monarch.h)
-  d.dtype = DType::f32;
-  for (Compute e : test::bf16_engines()) {
-    o.compute = e;
-    EXPECT_EQ(monarch_attention_compute(d, o), Compute::fp32);
-  }
+  const auto compute_of = [](AttnDims d, Compute c) {
+    MonarchOptions o;
+    o.compute = c;
+    return monarch_attention_compute(d, o);
+  };
+  test::check_compute_rules("monarch_attention_compute", compute_of);
+  if (test::bf16_engines().empty()) return;
+  AttnDims d;  // bf16 at avx512 with engines here: auto still keeps fp32 (strata/monarch.h)
+  d.dtype = DType::bf16;
+  d.batch = d.heads_q = d.heads_kv = 1;
+  d.seqlen_q = d.seqlen_k = 300;
+  d.head_dim = d.head_dim_v = 16;
+  EXPECT_EQ(compute_of(d, Compute::automatic), Compute::fp32);
 }
 
 // ---- finite differences of the float64 reference ------------------------------------------------

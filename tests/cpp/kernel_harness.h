@@ -177,6 +177,30 @@ inline std::vector<Compute> bf16_engines() {
   return e;
 }
 
+// The compute option's rules every family shares (strata/cpu.h), through the family's
+// `compute_of(d, compute)` (its *_attention_compute with the family's options): compute = fp32
+// keeps a bf16 call on fp32 products; an engine the active ISA lacks is an error naming `where`,
+// 'compute' and the engine; auto below avx512 is fp32; float32 inputs compute in fp32 whatever
+// compute asks. Returns with the ISA at avx512 where the CPU has a bf16 engine (else at scalar),
+// for the family's own checks of auto; restored by the caller's IsaGuard.
+template <class ComputeOf>
+void check_compute_rules(const char* where, ComputeOf compute_of) {
+  AttnDims d;
+  d.dtype = DType::bf16;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = 300;
+  d.heads_q = d.heads_kv = 1;
+  d.head_dim = d.head_dim_v = 16;
+  EXPECT_EQ(compute_of(d, Compute::fp32), Compute::fp32);
+  set_isa(Isa::scalar);  // below avx512: no engine, whatever the CPU has
+  expect_error([&] { compute_of(d, Compute::avx512_bf16); }, {where, "compute", "avx512_bf16"});
+  EXPECT_EQ(compute_of(d, Compute::automatic), Compute::fp32);
+  if (bf16_engines().empty()) return;  // (set_isa(avx512) throws on a CPU without AVX-512)
+  set_isa(Isa::avx512);
+  d.dtype = DType::f32;
+  for (Compute e : bf16_engines()) EXPECT_EQ(compute_of(d, e), Compute::fp32);
+}
+
 // Every reference after the first agrees with the first (o, lse, gradients).
 inline void expect_references_agree(const std::vector<Expected>& refs, const Tolerance& tol) {
   for (size_t r = 1; r < refs.size(); ++r) {
