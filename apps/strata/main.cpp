@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "strata: STRATA_TORCH_OPS=1: the custom ops run through the torch-op path (ATen ops)\n");
       }
     }
+    if (*train || *eval || *generate || *experiment || *embed || *convert || *bench_train) keep_freed_memory();
     if (*info) return run_info(info_opt);
     if (*demo) return run_demo(demo_opt);
     if (*convert) return run_convert(convert_opt);
