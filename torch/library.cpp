@@ -39,14 +39,15 @@ TORCH_LIBRARY(strata, m) {
   m.def(
       "monarch_attention_forward(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, "
       "str pad=\"post\", str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, "
-      "str layout=\"bshd\", bool save_state=True) -> (Tensor out, Tensor state)");
+      "str layout=\"bshd\", str compute=\"auto\", bool save_state=True) -> (Tensor out, Tensor state)");
   m.def(
       "monarch_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? state, Tensor dout, int num_steps=1, "
       "int block_size=0, str pad=\"post\", str mode=\"stable\", float? scale=None, "
-      "Tensor? key_padding_mask=None, str layout=\"bshd\") -> (Tensor dq, Tensor dk, Tensor dv)");
+      "Tensor? key_padding_mask=None, str layout=\"bshd\", str compute=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "monarch_attention(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, str pad=\"post\", "
-      "str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, str layout=\"bshd\") -> Tensor out");
+      "str mode=\"stable\", float? scale=None, Tensor? key_padding_mask=None, str layout=\"bshd\", "
+      "str compute=\"auto\") -> Tensor out");
   m.def(
       "performer_attention(Tensor q, Tensor k, Tensor v, int num_features, int? seed=None, "
       "Tensor? key_padding_mask=None, float? scale=None, str layout=\"bshd\") -> Tensor out");

@@ -34,6 +34,7 @@ MonarchOptions binding::monarch_options(const char* where, const MonarchArgs& a,
   o.pad = a.pad;  // checked by the core's validate
   o.mode = a.mode;
   o.layout = binding::parse_layout(where, a.layout);
+  o.compute = parse_compute(where, a.compute);
   // A bound, so that a typo (2**40) is an error rather than a run that never ends: the paper's
   // results use 1-3 steps, and each step costs about one pass of block attention.
   STRATA_CHECK_ARG(a.num_steps >= 1 && a.num_steps <= kMaxSteps, where, "num_steps", cat(">= 1 and <= ", kMaxSteps),
@@ -149,6 +150,7 @@ void save_options(AutogradContext* ctx, const MonarchArgs& a) {
   ctx->saved_data["mode"] = int64_t(a.mode);
   ctx->saved_data["scale"] = a.scale.has_value() ? c10::IValue(*a.scale) : c10::IValue();
   ctx->saved_data["layout"] = a.layout;
+  ctx->saved_data["compute"] = a.compute;  // the backward op gets the forward's (it computes in fp32)
 }
 
 MonarchArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_mask) {
@@ -160,6 +162,7 @@ MonarchArgs load_options(AutogradContext* ctx, const at::Tensor& key_padding_mas
   const c10::IValue& scale = ctx->saved_data.at("scale");
   if (!scale.isNone()) a.scale = scale.toDouble();
   a.layout = ctx->saved_data.at("layout").toStringRef();
+  a.compute = ctx->saved_data.at("compute").toStringRef();
   if (key_padding_mask.defined()) a.key_padding_mask = key_padding_mask;
   return a;
 }

@@ -23,7 +23,8 @@ using binding::rethrow_as_c10;
 // once (errors name the op `where` and the argument).
 MonarchArgs make_args(const char* where, int64_t num_steps, int64_t block_size, c10::string_view pad,
                       c10::string_view mode, std::optional<double> scale,
-                      const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
+                      const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout,
+                      c10::string_view compute) {
   MonarchArgs a;
   a.num_steps = num_steps;
   a.block_size = block_size;
@@ -32,6 +33,7 @@ MonarchArgs make_args(const char* where, int64_t num_steps, int64_t block_size, 
   a.scale = scale;
   a.key_padding_mask = key_padding_mask;
   a.layout = std::string(layout);
+  a.compute = std::string(compute);
   return a;
 }
 
@@ -41,11 +43,12 @@ std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Ten
                                               int64_t num_steps, int64_t block_size, c10::string_view pad,
                                               c10::string_view mode, std::optional<double> scale,
                                               const std::optional<at::Tensor>& key_padding_mask,
-                                              c10::string_view layout, bool save_state) {
+                                              c10::string_view layout, c10::string_view compute,
+                                              bool save_state) {
   return rethrow_as_c10([&] {
     auto [out, state] = monarch_attention_forward(q, k, v,
                                                   make_args("monarch_attention_forward", num_steps, block_size, pad,
-                                                            mode, scale, key_padding_mask, layout),
+                                                            mode, scale, key_padding_mask, layout, compute),
                                                   save_state);
     if (!state.defined()) state = at::empty({0}, at::TensorOptions().dtype(at::kFloat));
     return std::tuple<at::Tensor, at::Tensor>{out, state};
@@ -56,11 +59,12 @@ std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Ten
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& state,
     const at::Tensor& dout, int64_t num_steps, int64_t block_size, c10::string_view pad, c10::string_view mode,
-    std::optional<double> scale, const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
+    std::optional<double> scale, const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout,
+    c10::string_view compute) {
   return rethrow_as_c10([&] {
     return monarch_attention_backward(q, k, v, state.value_or(at::Tensor()), dout,
                                       make_args("monarch_attention_backward", num_steps, block_size, pad, mode,
-                                                scale, key_padding_mask, layout));
+                                                scale, key_padding_mask, layout, compute));
   });
 }
 
@@ -72,10 +76,12 @@ at::Tensor omega_op(int64_t head_dim, int64_t num_features, std::optional<int64_
 // strata::monarch_attention (differentiable; float64 -> the double reference).
 at::Tensor monarch_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t num_steps,
                       int64_t block_size, c10::string_view pad, c10::string_view mode, std::optional<double> scale,
-                      const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout) {
+                      const std::optional<at::Tensor>& key_padding_mask, c10::string_view layout,
+                      c10::string_view compute) {
   return rethrow_as_c10([&] {
-    return monarch_attention(
-        q, k, v, make_args("monarch_attention", num_steps, block_size, pad, mode, scale, key_padding_mask, layout));
+    return monarch_attention(q, k, v,
+                             make_args("monarch_attention", num_steps, block_size, pad, mode, scale, key_padding_mask,
+                                       layout, compute));
   });
 }
 
@@ -122,7 +128,7 @@ std::tuple<at::Tensor, at::Tensor> op_calls::monarch_attention_forward(const at:
   static const auto op = binding::typed_op<decltype(forward_op)>("strata::monarch_attention_forward");
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, a.num_steps, a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale,
-                   a.key_padding_mask, a.layout, save_state);
+                   a.key_padding_mask, a.layout, a.compute, save_state);
   });
 }
 
@@ -133,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::monarch_attention_backw
   return binding::rethrow_as_strata([&] {
     return op.call(q, k, v, state.defined() ? std::optional<at::Tensor>(state) : std::nullopt, dout, a.num_steps,
                    a.block_size, monarch_pad_name(a.pad), monarch_mode_name(a.mode), a.scale, a.key_padding_mask,
-                   a.layout);
+                   a.layout, a.compute);
   });
 }
 

@@ -114,7 +114,7 @@ def _monarch_padded_len(seq, block_size: int):
 
 @torch.library.register_fake("strata::monarch_attention_forward")
 def _monarch_attention_forward(q, k, v, num_steps=1, block_size=0, pad="post", mode="stable", scale=None,
-                               key_padding_mask=None, layout="bshd", save_state=True):
+                               key_padding_mask=None, layout="bshd", compute="auto", save_state=True):
     _check_4d("monarch_attention_forward", q=q, k=k, v=v)
     torch._check(1 <= num_steps <= 1024,
                  lambda: f"monarch_attention_forward: argument 'num_steps': expected 1..1024, got {num_steps}")

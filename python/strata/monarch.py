@@ -52,7 +52,7 @@ __all__ = [
 _ops = torch.ops.strata
 
 
-def _monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout) -> tuple:
+def _monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout, compute) -> tuple:
     """The monarch schemas' trailing option arguments, checked (_check: exact types)."""
     return (
         _check.integer(num_steps, where, "num_steps"),
@@ -62,6 +62,7 @@ def _monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding
         _check.optional_real(scale, where, "scale"),
         _check.optional_tensor(key_padding_mask, where, "key_padding_mask"),
         _check.string(layout, where, "layout"),
+        _check.string(compute, where, "compute"),
     )
 
 
@@ -77,6 +78,7 @@ def monarch_attention(
     scale: Optional[float] = None,
     key_padding_mask: Optional[torch.Tensor] = None,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> torch.Tensor:
     """Differentiable MonarchAttention (an approximation of ``softmax(scale q k^T) v``).
 
@@ -91,6 +93,10 @@ def monarch_attention(
         key_padding_mask: batch x seq bool; masked tokens are neither keys nor queries (stable
             mode: their output rows are zeros).
         layout: "bshd" or "bhsd".
+        compute: the products of a bfloat16 forward: "auto" and "fp32" compute in fp32 (Monarch's
+            bf16 products are opt in: not faster than fp32 yet); "avx512_bf16" or "amx_bf16" run
+            the forward's products on that engine, bf16 operands with fp32 accumulation
+            (RuntimeError where the CPU lacks it). The backward and float32 inputs compute in fp32.
 
     Returns:
         out: batch x seq x heads_q x head_dim_v. Differentiable once.
@@ -98,7 +104,7 @@ def monarch_attention(
     where = "monarch_attention"
     return _ops.monarch_attention(*_check.tensors(where, q=q, k=k, v=v),
                                   *_monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask,
-                                                    layout))
+                                                    layout, compute))
 
 
 def monarch_attention_forward(
@@ -113,6 +119,7 @@ def monarch_attention_forward(
     scale: Optional[float] = None,
     key_padding_mask: Optional[torch.Tensor] = None,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward kernel alone; float32 / bfloat16. Options as :func:`monarch_attention`.
 
@@ -126,7 +133,7 @@ def monarch_attention_forward(
     where = "monarch_attention_forward"
     return _ops.monarch_attention_forward(*_check.tensors(where, q=q, k=k, v=v),
                                           *_monarch_options(where, num_steps, block_size, pad, mode, scale,
-                                                            key_padding_mask, layout))
+                                                            key_padding_mask, layout, compute))
 
 
 def monarch_attention_backward(
@@ -143,6 +150,7 @@ def monarch_attention_backward(
     scale: Optional[float] = None,
     key_padding_mask: Optional[torch.Tensor] = None,
     layout: str = "bshd",
+    compute: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernel alone; options must equal the forward's. state None: recomputed.
 
@@ -155,7 +163,7 @@ def monarch_attention_backward(
     return _ops.monarch_attention_backward(
         *_check.tensors(where, q=q, k=k, v=v), _check.optional_tensor(state, where, "state"),
         _check.tensor(dout, where, "dout"),
-        *_monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout))
+        *_monarch_options(where, num_steps, block_size, pad, mode, scale, key_padding_mask, layout, compute))
 
 
 def monarch_attention_flops(N: int, heads: int, D: int, Dv: int, T: int, B: int) -> float:
@@ -180,10 +188,12 @@ class MonarchAttention(torch.nn.Module):
         mode: str = "stable",
         scale: Optional[float] = None,
         layout: str = "bshd",
+        compute: str = "auto",
     ):
         super().__init__()
-        (self.num_steps, self.block_size, self.pad, self.mode, self.scale, _, self.layout) = _monarch_options(
-            "MonarchAttention", num_steps, block_size, pad, mode, scale, None, layout)
+        (self.num_steps, self.block_size, self.pad, self.mode, self.scale, _, self.layout,
+         self.compute) = _monarch_options("MonarchAttention", num_steps, block_size, pad, mode, scale, None, layout,
+                                          compute)
 
     def forward(self, q, k, v, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return monarch_attention(
@@ -197,6 +207,7 @@ class MonarchAttention(torch.nn.Module):
             scale=self.scale,
             key_padding_mask=key_padding_mask,
             layout=self.layout,
+            compute=self.compute,
         )
 
     def extra_repr(self) -> str:

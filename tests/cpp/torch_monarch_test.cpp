@@ -317,6 +317,77 @@ void expect_error(F f, std::initializer_list<const char*> want) {
   }
 }
 
+// The compute option (MonarchArgs::compute, strata/cpu.h) through the binding. "auto" and "fp32"
+// run the same fp32 products (Monarch's auto keeps fp32: strata/monarch.h), so their outputs and
+// gradients are the same bits, and the ops' forward / backward give the autograd Function's bits.
+// Each bf16 engine this CPU has runs the forward's products: its output differs from fp32's (the
+// option reached the kernel) and holds the core sweep's bf16-products tolerances against the
+// float64 reference (o 2e-2, gradients 1e-2: MonarchBf16ComputeSweep, core_monarch_test.cpp; the
+// backward computes in fp32 from the forward's saved state), and its autograd backward is the
+// backward op's, bit for bit. A name that is no engine is an error naming 'compute', on the kernel
+// path and on the torch-ops path (meta tensors).
+TEST(TorchMonarch, Bfloat16ComputeOption) {
+  at::manual_seed(9);
+  MonCase c;
+  c.b = 2;
+  c.n = 37;
+  c.hq = 4;
+  c.hkv = 2;
+  c.block = 6;
+  c.steps = 2;
+  c.mask = true;
+  c.dtype = at::kBFloat16;
+  const MonInputs in = make_inputs(c);
+  st::MonarchArgs a = args_of(c, in.mask);
+  const at::Tensor g = at::randn({c.b, c.n, c.hq, c.dv}).to(at::kBFloat16);
+  const char* names[] = {"out", "dq", "dk", "dv"};
+  // autograd's out and gradients with `compute`, and the same from the ops alone.
+  const auto run = [&](const std::string& compute) {
+    a.compute = compute;
+    const auto got = out_and_grads(
+        [&](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) { return st::monarch_attention(x, y, z, a); },
+        in.q, in.k, in.v, g);
+    auto [out, state] = st::monarch_attention_forward(in.q, in.k, in.v, a);
+    auto [dq, dk, dv] = st::monarch_attention_backward(in.q, in.k, in.v, state, g, a);
+    const at::Tensor ops[] = {out, dq, dk, dv};
+    for (int i = 0; i < 4; ++i)
+      EXPECT_TRUE(at::equal(got[size_t(i)], ops[i])) << compute << ": " << names[i] << " differs from the ops'";
+    return got;
+  };
+  const auto fp32 = run("fp32");
+  const auto autos = run("auto");
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(at::equal(fp32[size_t(i)], autos[size_t(i)])) << "auto vs fp32: " << names[i];
+  a.compute = "auto";
+  const at::Tensor want = st::reference_monarch_attention_forward(in.q, in.k, in.v, a);
+  const auto [rq, rk, rv] = st::reference_monarch_attention_backward(in.q, in.k, in.v, g, a);
+  EXPECT_LE(rel_err(fp32[0], want), 1e-2) << "fp32 products: out";
+  int engines = 0;
+  for (const char* engine : {"avx512_bf16", "amx_bf16"}) {
+    try {
+      strata::resolve_compute("test", strata::parse_compute("test", engine), /*bf16_inputs=*/true);
+    } catch (const strata::Error&) {
+      continue;  // not on this CPU
+    }
+    ++engines;
+    SCOPED_TRACE(engine);
+    const auto got = run(engine);
+    EXPECT_FALSE(at::equal(got[0], fp32[0])) << "the fp32 products' output: no engine ran";
+    EXPECT_LE(rel_err(got[0], want), 2e-2) << "out";
+    EXPECT_LE(rel_err(got[1], rq, 1e-2), 1e-2) << "dq";
+    EXPECT_LE(rel_err(got[2], rk, 1e-2), 1e-2) << "dk";
+    EXPECT_LE(rel_err(got[3], rv, 1e-2), 1e-2) << "dv";
+  }
+  std::printf("TorchMonarch.Bfloat16ComputeOption: %d bf16 engine(s) on this CPU\n", engines);
+  a.compute = "bf16";
+  expect_error([&] { st::monarch_attention_forward(in.q, in.k, in.v, a); },
+               {"monarch_attention_forward", "'compute'", "amx_bf16", "bf16"});
+  expect_error([&] { st::monarch_attention(in.q, in.k, in.v, a); }, {"monarch_attention_forward", "'compute'"});
+  a.key_padding_mask.reset();  // the torch-ops path takes no mask; compute is checked before anything runs
+  expect_error([&] { st::monarch_attention(in.q.to(at::kMeta), in.k.to(at::kMeta), in.v.to(at::kMeta), a); },
+               {"monarch_attention", "'compute'"});
+}
+
 TEST(TorchMonarch, ErrorsNameTheArgument) {
   const at::Tensor q = at::randn({2, 10, 4, 8}), k = at::randn({2, 10, 2, 8}), v = at::randn({2, 10, 2, 8});
   const auto fwd = [&](st::MonarchArgs a) { return [=] { st::monarch_attention_forward(q, k, v, a); }; };
@@ -367,12 +438,13 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
   const at::Tensor mask = at::rand({1, 12}) > 0.2;
   using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                                                  int64_t, c10::string_view, c10::string_view, std::optional<double>,
-                                                 const std::optional<at::Tensor>&, c10::string_view, bool);
+                                                 const std::optional<at::Tensor>&, c10::string_view, c10::string_view,
+                                                 bool);
   auto& disp = c10::Dispatcher::singleton();
   const auto fwd = disp.findSchemaOrThrow("strata::monarch_attention_forward", "").typed<Fwd>();
-  auto [out, state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd", /*save_state=*/true);
+  auto [out, state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd", "auto", /*save_state=*/true);
   // Without save_state: the same out and a 0-element state (inference needs none).
-  auto [out_only, no_state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd", /*save_state=*/false);
+  auto [out_only, no_state] = fwd.call(q, k, v, 2, 4, "pre", "stable", 0.4, mask, "bshd", "auto", /*save_state=*/false);
   EXPECT_TRUE(at::equal(out_only, out));
   EXPECT_EQ(no_state.numel(), 0);
   st::MonarchArgs a;
@@ -385,9 +457,9 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
   using Bwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
       int64_t, int64_t, c10::string_view, c10::string_view, std::optional<double>, const std::optional<at::Tensor>&,
-      c10::string_view);
+      c10::string_view, c10::string_view);
   const auto bwd = disp.findSchemaOrThrow("strata::monarch_attention_backward", "").typed<Bwd>();
-  auto [dq, dk, dv] = bwd.call(q, k, v, state, at::ones_like(out), 2, 4, "pre", "stable", 0.4, mask, "bshd");
+  auto [dq, dk, dv] = bwd.call(q, k, v, state, at::ones_like(out), 2, 4, "pre", "stable", 0.4, mask, "bshd", "auto");
   auto [eq, ek, ev] = st::monarch_attention_backward(q, k, v, state, at::ones_like(out), a);
   EXPECT_TRUE(at::equal(dq, eq) && at::equal(dk, ek) && at::equal(dv, ev));
   for (const char* name : {"strata::monarch_attention", "strata::performer_attention", "strata::nystrom_attention",
@@ -395,13 +467,13 @@ TEST(TorchMonarch, OpsCallableThroughDispatcher) {
                            "strata::performer_attention_flops", "strata::nystrom_attention_flops"})
     EXPECT_NO_THROW(disp.findSchemaOrThrow(name, "")) << name;
   try {  // a strata::Error arrives as a c10::Error with the same message
-    fwd.call(q, k, v, 0, 4, "pre", "stable", std::nullopt, std::nullopt, "bshd", true);
+    fwd.call(q, k, v, 0, 4, "pre", "stable", std::nullopt, std::nullopt, "bshd", "auto", true);
     ADD_FAILURE() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("argument 'num_steps'"), std::string::npos) << e.what();
   }
   try {  // pad / mode names become enums at the op, with the op's name in the error
-    bwd.call(q, k, v, state, at::ones_like(out), 2, 4, "pre", "fast", 0.4, mask, "bshd");
+    bwd.call(q, k, v, state, at::ones_like(out), 2, 4, "pre", "fast", 0.4, mask, "bshd", "auto");
     ADD_FAILURE() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("monarch_attention_backward: argument 'mode'"), std::string::npos)

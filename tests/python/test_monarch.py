@@ -225,6 +225,53 @@ def test_flops():
         strata.monarch_attention_flops(10, 1, 8, 8, 0, 2)
 
 
+# The compute option (as strata.attention's): "auto" and "fp32" compute in fp32 for Monarch (its
+# bf16 products are opt in), bit for bit the same; each bf16 engine this CPU has runs the forward's
+# products (an output unlike fp32's) within the core sweep's bf16-products tolerance of the float64
+# path (o 2e-2, gradients 1e-2 with a 1e-2 floor: core_monarch_test.cpp), and the module and the ops
+# carry it; a name that is no engine is an error naming 'compute'.
+def bf16_engines():
+    features = strata.info()["cpu_features"]
+    engines = ["avx512_bf16"] if "avx512_bf16" in features and strata.info()["isa"] == "avx512" else []
+    return engines + (["amx_bf16"] if engines and "amx_bf16" in features else [])
+
+
+@pytest.mark.parametrize("compute", ["auto", "avx512_bf16", "amx_bf16"])
+def test_bfloat16_compute_option(compute):
+    if compute != "auto" and compute not in bf16_engines():
+        pytest.skip(f"this CPU has no {compute}")
+    q, k, v = make_qkv(2, 29, 4, 2, 16, 16, dtype=torch.bfloat16, seed=7)
+    mask = make_mask(2, 29, seed=7)
+    g = torch.rand(2, 29, 4, 16, generator=torch.Generator().manual_seed(8)).bfloat16()
+    opts = dict(num_steps=2, block_size=5, key_padding_mask=mask)
+
+    def out_and_grads(dtype, **extra):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = strata.monarch_attention(*leaves, **opts, **extra)
+        return [out.detach(), *torch.autograd.grad(out, leaves, g.to(out.dtype))]
+
+    got = out_and_grads(torch.bfloat16, compute=compute)
+    fp32 = out_and_grads(torch.bfloat16, compute="fp32")
+    want = out_and_grads(torch.float64)
+    if compute == "auto":
+        for a, b in zip(got, fp32):
+            assert torch.equal(a, b), "compute auto is not Monarch's fp32 products"
+    else:
+        assert not torch.equal(got[0], fp32[0]), f"compute={compute} gave the fp32 products' output"
+    assert rel_err(got[0], want[0]) <= 2e-2
+    for name, a, b in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+        assert rel_err(a, b, floor=1e-2) <= 1e-2, name
+    out, state = strata.monarch_attention_forward(q, k, v, **opts, compute=compute)
+    assert torch.equal(out, got[0])
+    grads = strata.monarch_attention_backward(q, k, v, state, g, **opts, compute=compute)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, got[1:]):
+        assert torch.equal(a, b), f"{name}: the backward op differs from autograd's"
+    module = strata.MonarchAttention(2, 5, compute=compute)
+    assert torch.equal(module(q, k, v, mask), got[0])
+    with pytest.raises(RuntimeError, match="monarch_attention_forward: argument 'compute'"):
+        strata.monarch_attention_forward(q, k, v, compute="bf16")
+
+
 def test_errors_name_the_argument():
     q, k, v = make_qkv(1, 8, 2, 2, 8, 8)
     with pytest.raises(RuntimeError, match="monarch_attention: argument 'pad'"):
