@@ -25,6 +25,7 @@ tokens/s) and the final val loss and sample to OUT/summary.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
@@ -272,6 +273,19 @@ def sample(model, prompt: str, tokens: int, temperature: float, seed: int, devic
     return decode(ids)
 
 
+def leave_process_group(barrier: bool) -> None:
+    """Ends this rank's part in the process group, every rank together (a barrier unless the caller
+    has just passed one). The caller drops its DDP wrapper (and the compiled step over it) first. A
+    rank tearing Gloo down while rank 0 still sampled aborted with "terminate called without an
+    active exception" (1 of ~6 runs before the barrier). It was seen once more with the barrier alone
+    (a clean-clone CI run at 149ecdf; 0 of 8 runs here): DDP's reducer, which holds the group and its
+    Gloo work, was still alive at destroy_process_group and freed only at interpreter exit."""
+    gc.collect()  # the dropped wrapper's reference cycles, if any, before the group goes
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.batch % WORLD != 0:
@@ -321,7 +335,8 @@ def main(argv=None) -> int:
         if args.stop_after and done >= args.stop_after:
             log0(f"train_charlm: stopped after step {done} (--stop-after)")
             if WORLD > 1:
-                dist.destroy_process_group()  # after the barrier above: every rank is here
+                del step_fn, net  # DDP holds the group: gone before it (leave_process_group)
+                leave_process_group(barrier=False)  # the barrier above: every rank is here
             return 0
     val = val_loss(model, val_ids, args, device)
     if RANK == 0:
@@ -331,10 +346,8 @@ def main(argv=None) -> int:
                    "sample": text}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if WORLD > 1:
-        # Leave together: a rank tearing Gloo down while rank 0 still samples can abort the process
-        # ("terminate called without an active exception", seen in 1 of ~6 runs without this barrier).
-        dist.barrier()
-        dist.destroy_process_group()
+        del step_fn, net  # DDP holds the group: gone before it (leave_process_group)
+        leave_process_group(barrier=True)  # rank 0 may still be sampling
     return 0
 
 
