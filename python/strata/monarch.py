@@ -211,7 +211,8 @@ class MonarchAttention(torch.nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return f"num_steps={self.num_steps}, block_size={self.block_size}, pad={self.pad!r}, mode={self.mode!r}"
+        return (f"num_steps={self.num_steps}, block_size={self.block_size}, pad={self.pad!r}, mode={self.mode!r}, "
+                f"compute={self.compute!r}")
 
 
 def convert_attention(

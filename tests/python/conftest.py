@@ -44,6 +44,16 @@ def out_and_grads(fn, q, k, v, g):
     return [out.detach(), *grads]
 
 
+def bf16_engines():
+    """The bf16 engines strata's compute option can name on this CPU (strata/cpu.h): avx512_bf16 where
+    the CPU has AVX512-BF16 and the kernels run at avx512, then amx_bf16 where AMX-BF16 is granted."""
+    import strata
+
+    features = strata.info()["cpu_features"]
+    engines = ["avx512_bf16"] if "avx512_bf16" in features and strata.info()["isa"] == "avx512" else []
+    return engines + (["amx_bf16"] if engines and "amx_bf16" in features else [])
+
+
 def assert_as_close_as_torch(got, want, torch_same_precision, floor, grad_floor=None, what=""):
     """The acceptance rule (FlashAttention's), for each of [out, dq, dk, dv]: strata's error
     against the float64 truth is at most twice PyTorch's own error for the same computation in

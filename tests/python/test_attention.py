@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import strata
-from conftest import assert_as_close_as_torch, assert_raises_naming, out_and_grads, rand_qkv, rel_err
+from conftest import (assert_as_close_as_torch, assert_raises_naming, bf16_engines, out_and_grads, rand_qkv,
+                      rel_err)
 
 # Acceptance rule (FlashAttention's): strata's error against the float64 truth is at most twice
 # PyTorch's own error for the same computation in the same precision, plus a floor for draws on
@@ -291,12 +292,6 @@ def test_bfloat16_forward_matches_sdpa(causal):
 # The compute option: every engine this CPU has holds the bf16 forward (and the fp32 backward fed
 # by it) to SDPA's own bf16 error; "fp32" is the fp32 kernel on the widened inputs, rounded, bit
 # for bit; a name that is no engine is an error naming 'compute'.
-def bf16_engines():
-    features = strata.info()["cpu_features"]
-    engines = ["avx512_bf16"] if "avx512_bf16" in features and strata.info()["isa"] == "avx512" else []
-    return engines + (["amx_bf16"] if engines and "amx_bf16" in features else [])
-
-
 @pytest.mark.parametrize("compute", ["auto", "fp32", "avx512_bf16", "amx_bf16"])
 def test_bfloat16_compute_options(compute):
     if compute.endswith("bf16") and compute not in bf16_engines():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import strata
-from conftest import rel_err
+from conftest import bf16_engines, out_and_grads, rel_err
 
 FP32_FWD = 2e-5
 FP32_GRAD = 1e-4
@@ -230,12 +230,6 @@ def test_flops():
 # products (an output unlike fp32's) within the core sweep's bf16-products tolerance of the float64
 # path (o 2e-2, gradients 1e-2 with a 1e-2 floor: core_monarch_test.cpp), and the module and the ops
 # carry it; a name that is no engine is an error naming 'compute'.
-def bf16_engines():
-    features = strata.info()["cpu_features"]
-    engines = ["avx512_bf16"] if "avx512_bf16" in features and strata.info()["isa"] == "avx512" else []
-    return engines + (["amx_bf16"] if engines and "amx_bf16" in features else [])
-
-
 @pytest.mark.parametrize("compute", ["auto", "avx512_bf16", "amx_bf16"])
 def test_bfloat16_compute_option(compute):
     if compute != "auto" and compute not in bf16_engines():
@@ -245,14 +239,13 @@ def test_bfloat16_compute_option(compute):
     g = torch.rand(2, 29, 4, 16, generator=torch.Generator().manual_seed(8)).bfloat16()
     opts = dict(num_steps=2, block_size=5, key_padding_mask=mask)
 
-    def out_and_grads(dtype, **extra):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        out = strata.monarch_attention(*leaves, **opts, **extra)
-        return [out.detach(), *torch.autograd.grad(out, leaves, g.to(out.dtype))]
+    def run(compute_, dtype=torch.bfloat16):
+        return out_and_grads(lambda a, b, c: strata.monarch_attention(a, b, c, **opts, compute=compute_),
+                             q.to(dtype), k.to(dtype), v.to(dtype), g)
 
-    got = out_and_grads(torch.bfloat16, compute=compute)
-    fp32 = out_and_grads(torch.bfloat16, compute="fp32")
-    want = out_and_grads(torch.float64)
+    got = run(compute)
+    fp32 = run("fp32")
+    want = run("auto", torch.float64)
     if compute == "auto":
         for a, b in zip(got, fp32):
             assert torch.equal(a, b), "compute auto is not Monarch's fp32 products"
