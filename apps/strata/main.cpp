@@ -16,6 +16,7 @@
 #include "strata/cpu.h"
 #include "strata/error.h"
 #include "strata/threading.h"
+#include "strata/torch/threads.h"
 #include "strata/torch/torch_ops.h"
 
 namespace strata::app {
@@ -37,7 +38,9 @@ int run_info(const InfoOptions& o) {
              isa_name(active_isa()));
   fmt::print("bf16:     products of bfloat16 inputs on {} (compute = auto; strata/cpu.h)\n",
              compute_name(resolve_compute("strata info", Compute::automatic, true)));
-  fmt::print("threads:  strata {}, torch {}\n", strata::get_num_threads(), at::get_num_threads());
+  fmt::print("threads:  strata {}, torch {}; strata's regions run on {} threads (STRATA_THREAD_POOL=torch|own)\n",
+             strata::get_num_threads(), at::get_num_threads(),
+             strata::torch::thread_pool() == "torch" ? "torch's" : "strata's own");
   if (o.peak) {
     const FmaPeak p = measure_fma_peak(threads);
     fmt::print("peak:     {:.1f} GFLOP/s fp32 FMA on {} threads, {:.1f} on one ({} loop)\n", p.all_gflops,
@@ -50,13 +53,16 @@ int run_info(const InfoOptions& o) {
 
 namespace {
 
-// Torch's OpenMP threads (libgomp) spin for a while after every parallel region; strata's pool
-// sleeps. When a torch op runs just before one of ours (a peer in a benchmark, the projections
-// around attention in a model) the spinning threads take the cores our workers need: measured
-// here, an MLR decode step went from 1.1 to 3.3 ms and the MLR forward lost 5%. libgomp reads
-// OMP_WAIT_POLICY once, when it is loaded (before main), so the CLI sets it and re-executes
-// itself. Set OMP_WAIT_POLICY yourself (ACTIVE or PASSIVE) to choose; STRATA_NO_REEXEC=1 skips this.
+// Only with STRATA_THREAD_POOL=own (strata/torch/threads.h; by default strata's regions run on
+// torch's own threads and nothing here is needed). Torch's OpenMP threads (libgomp) spin for a
+// while after every parallel region; strata's own pool sleeps. When a torch op runs just before
+// one of ours (a peer in a benchmark, the projections around attention in a model) the spinning
+// threads take the cores our workers need: measured, an MLR decode step went from 1.1 to 3.3 ms
+// and the MLR forward lost 5%. libgomp reads OMP_WAIT_POLICY once, when it is loaded (before
+// main), so the CLI then sets it to PASSIVE and re-executes itself. Set OMP_WAIT_POLICY yourself
+// (ACTIVE or PASSIVE) to choose; STRATA_NO_REEXEC=1 skips this.
 void make_torch_threads_passive(char** argv) {
+  if (strata::torch::thread_pool() != "own") return;
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("STRATA_NO_REEXEC") != nullptr) return;
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are

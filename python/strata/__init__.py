@@ -60,6 +60,8 @@ from . import _check
 __all__ = [
     "__version__",
     "info",
+    "thread_pool",
+    "set_thread_pool",
     "attention",
     "attention_forward",
     "attention_backward",
@@ -165,7 +167,8 @@ def info() -> dict:
         the environment variable STRATA_ISA lowers it), ``threads`` (strata's thread pool:
         STRATA_NUM_THREADS, else all cores), ``cpu_features``, ``torch`` (the running torch's
         version), ``torch_built_with`` (the LibTorch the library was compiled against) and
-        ``torch_threads`` (torch.get_num_threads()).
+        ``torch_threads`` (torch.get_num_threads()) and ``thread_pool`` (where strata's parallel
+        regions run: see :func:`set_thread_pool`).
     """
     version, torch_built_with, isa, threads, cpu_features = _ops.info()
     return {
@@ -177,7 +180,44 @@ def info() -> dict:
         "torch": torch.__version__,
         "torch_built_with": torch_built_with,
         "torch_threads": torch.get_num_threads(),
+        "thread_pool": thread_pool(),
     }
+
+
+def thread_pool() -> str:
+    """Where strata's kernels run their parallel regions: ``"torch"`` or ``"own"``.
+
+    See :func:`set_thread_pool`.
+    """
+    return _ops.thread_pool(None)
+
+
+def set_thread_pool(name: str) -> None:
+    """Chooses the threads strata's kernels run their parallel regions on.
+
+    Args:
+        name: ``"torch"`` (the default): torch's own intra-op threads, so strata and torch share one
+            team of threads; a region then uses min(``info()["threads"]``, ``torch.get_num_threads()``)
+            threads. ``"own"``: strata's own pool, whose workers sleep between regions; torch's
+            OpenMP workers spin for a while after every torch op (libgomp's default policy) and then
+            take the cores from it: with ``"own"``, set ``OMP_WAIT_POLICY=PASSIVE`` before torch is
+            imported. The environment variable STRATA_THREAD_POOL sets the default at import.
+
+    Raises:
+        TypeError: name is not a str.
+        ValueError: name is neither ``"torch"`` nor ``"own"`` (the message names 'name').
+
+    Fork: libgomp's threads do not survive fork, so a child forked after strata ran a region on
+    torch's threads starts with ``torch.get_num_threads() == 1`` (as torch's DataLoader workers do;
+    otherwise torch's own parallel ops would hang there), and strata's regions in any forked child
+    run on a fresh pool of strata's own.
+
+    Not thread-safe against strata kernels running in other threads at the same moment.
+    """
+    where = "strata.set_thread_pool"
+    if _check.string(name, where, "name") not in ("torch", "own"):
+        _check.fail(where, "name", '"torch" or "own"', _check._got(name))
+    _ops.thread_pool(name)
 
 
 def _attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout, compute) -> tuple:

@@ -1,6 +1,7 @@
-// src/core/threading.cpp: a small persistent thread pool with dynamic chunking.
-// Workers sleep on a condition variable between regions (no spinning), so a torch peer running
-// in the same process, interleaved with us, gets the cores back.
+// src/core/threading.cpp: a small persistent thread pool with dynamic chunking, or an installed
+// region runner (strata/threading.h) that the same chunking runs on.
+// The pool's workers sleep on a condition variable between regions (no spinning), so a torch peer
+// running in the same process, interleaved with us, gets the cores back.
 // Fork: see threading.h for the rule; the pthread_atfork child handler below implements it.
 #include "strata/threading.h"
 
@@ -23,6 +24,13 @@ namespace {
 
 thread_local bool t_in_region = false;  // nested parallel_for runs inline
 
+// fn over all of [0, n) on the calling thread, as one region (nested calls inside it run inline).
+void run_inline(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
+  t_in_region = true;
+  try { fn(0, n, 0); } catch (...) { t_in_region = false; throw; }
+  t_in_region = false;
+}
+
 class Pool {
  public:
   explicit Pool(int n) { resize(n); }
@@ -43,12 +51,7 @@ class Pool {
   void run(int64_t n, int64_t grain,
            const std::function<void(int64_t, int64_t, int)>& fn) {
     const int64_t chunks = (n + grain - 1) / grain;
-    if (nthreads_ == 1 || chunks <= 1) {
-      t_in_region = true;
-      try { fn(0, n, 0); } catch (...) { t_in_region = false; throw; }
-      t_in_region = false;
-      return;
-    }
+    if (nthreads_ == 1 || chunks <= 1) return run_inline(n, fn);
     std::unique_lock<std::mutex> run_lock(run_mu_);  // one region at a time
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -138,6 +141,7 @@ std::mutex g_pool_mu;                // guards g_threads and creating / resizing
 int g_threads = 0;                   // the pool's thread count; 0 = not yet read (default_threads)
 std::atomic<Pool*> g_pool{nullptr};  // created by the first parallel region; reset in a fork child
 Pool* g_abandoned = nullptr;         // pools inherited over fork: kept reachable, never touched
+std::atomic<RegionRunner> g_runner{nullptr};  // set_region_runner's; nullptr = the pool
 
 int threads_locked() {  // under g_pool_mu
   if (g_threads == 0) g_threads = default_threads();
@@ -167,7 +171,11 @@ Pool& pool() {
 // its first parallel region builds a fresh pool with the same thread count. g_pool_mu may have
 // been held by another parent thread (set_num_threads) at the fork: it is re-created unlocked.
 // No prepare handler: fork() never waits for a running region.
+// An installed runner is dropped in the child too: the LibTorch layer's runs on libgomp, whose
+// thread team does not survive fork (torch's own ops hang in such a child), so a forked child's
+// regions run on a fresh pool of strata's own.
 void after_fork_in_child() {
+  g_runner.store(nullptr, std::memory_order_relaxed);
   if (Pool* p = g_pool.exchange(nullptr)) {
     p->next_abandoned = g_abandoned;
     g_abandoned = p;
@@ -178,7 +186,38 @@ void after_fork_in_child() {
 [[maybe_unused]] const int g_atfork_registered =
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
 
+// One region on an installed runner: the chunks of [0, n), handed out by an atomic counter.
+struct RunnerRegion {
+  const std::function<void(int64_t, int64_t, int)>* fn;
+  int64_t n, grain;
+  std::atomic<int64_t> next{0};
+  std::mutex mu;
+  std::exception_ptr error;
+};
+
+void runner_body(void* ctx, int tid) {
+  RunnerRegion& r = *static_cast<RunnerRegion*>(ctx);
+  const bool outer = t_in_region;  // a runner may run a call on a thread already in a region
+  t_in_region = true;
+  for (;;) {
+    const int64_t b = r.next.fetch_add(1) * r.grain;
+    if (b >= r.n) break;
+    try {
+      (*r.fn)(b, std::min(r.n, b + r.grain), tid);
+    } catch (...) {
+      std::lock_guard<std::mutex> g(r.mu);
+      if (!r.error) r.error = std::current_exception();
+      r.next.store(r.n);  // stop handing out chunks
+    }
+  }
+  t_in_region = outer;
+}
+
 }  // namespace
+
+void set_region_runner(RegionRunner runner) { g_runner.store(runner, std::memory_order_release); }
+
+RegionRunner region_runner() { return g_runner.load(std::memory_order_acquire); }
 
 int get_num_threads() {
   std::lock_guard<std::mutex> g(g_pool_mu);
@@ -201,7 +240,17 @@ void parallel_for(int64_t n, int64_t grain,
     fn(0, n, 0);  // a kernel's scratch is per call, so thread slot 0 is safe here
     return;
   }
-  pool().run(n, grain, fn);
+  RegionRunner runner = region_runner();
+  if (runner == nullptr) return pool().run(n, grain, fn);
+  const int64_t chunks = (n + grain - 1) / grain;
+  const int team = int(std::min<int64_t>(get_num_threads(), chunks));
+  if (team <= 1) return run_inline(n, fn);  // (never creates the pool's threads)
+  RunnerRegion r;
+  r.fn = &fn;
+  r.n = n;
+  r.grain = grain;
+  runner(team, &runner_body, &r);
+  if (r.error) std::rethrow_exception(r.error);
 }
 
 }  // namespace strata

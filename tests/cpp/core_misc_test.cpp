@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -45,6 +46,74 @@ TEST(Threading, ExceptionIsRethrownAndPoolStaysUsable) {
     for (int64_t i = b; i < e; ++i) sum += i;
   });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+// A runner that records each region's team and runs the calls in reverse order, one after the
+// other (a runner may run them sequentially: the first call then takes every chunk).
+std::vector<int> g_teams;
+void reversed_runner(int team, void (*body)(void*, int), void* ctx) {
+  g_teams.push_back(team);
+  for (int i = team - 1; i >= 0; --i) body(ctx, i);
+}
+// A runner on fresh threads, one per call, all at once.
+void threaded_runner(int team, void (*body)(void*, int), void* ctx) {
+  std::vector<std::thread> ts;
+  for (int i = 0; i < team; ++i) ts.emplace_back([=] { body(ctx, i); });
+  for (auto& t : ts) t.join();
+}
+
+// Installs a runner for one test, and strata's own pool again at its end.
+struct RunnerScope {
+  explicit RunnerScope(RegionRunner r) : saved(region_runner()) { set_region_runner(r); }
+  ~RunnerScope() { set_region_runner(saved); }
+  RegionRunner saved;
+};
+
+TEST(Threading, RunnerGetsTheTeamAndCoversEveryIndexOnce) {
+  const int saved = get_num_threads();
+  RunnerScope scope(&reversed_runner);
+  EXPECT_EQ(region_runner(), &reversed_runner);
+  for (int threads : {1, 2, 5}) {
+    set_num_threads(threads);
+    for (int64_t n : {int64_t(1), int64_t(3), int64_t(1001)}) {
+      g_teams.clear();
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      parallel_for(n, 1, [&](int64_t b, int64_t e, int tid) {
+        EXPECT_GE(tid, 0);
+        EXPECT_LT(tid, threads);
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      });
+      for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+      // team = min(threads, chunks); a one-thread team runs inline, without the runner.
+      const int team = int(std::min<int64_t>(threads, n));
+      EXPECT_EQ(g_teams, team > 1 ? std::vector<int>{team} : std::vector<int>{}) << threads << " " << n;
+    }
+  }
+  set_num_threads(saved);
+}
+
+TEST(Threading, RunnerRegionsRethrowAndNestInline) {
+  const int saved = get_num_threads();
+  set_num_threads(3);
+  RunnerScope scope(&threaded_runner);
+  EXPECT_THROW(parallel_for(100, 1, [](int64_t b, int64_t, int) {
+                 if (b == 37) throw std::runtime_error("boom");
+               }),
+               std::runtime_error);
+  std::atomic<int64_t> sum{0}, nested_calls{0};
+  parallel_for(30, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+    // A region inside a region runs inline on this thread: one call over all of [0, 4).
+    parallel_for(4, 1, [&](int64_t nb, int64_t ne, int tid) {
+      EXPECT_EQ(nb, 0);
+      EXPECT_EQ(ne, 4);
+      EXPECT_EQ(tid, 0);
+      ++nested_calls;
+    });
+  });
+  EXPECT_EQ(sum.load(), 435);
+  EXPECT_EQ(nested_calls.load(), 30);
+  set_num_threads(saved);
 }
 
 TEST(Threading, RejectsZeroThreads) {

@@ -35,11 +35,12 @@ def test_version_is_the_project_version():
 def test_info_reports_the_loaded_library_and_where_it_runs():
     info = strata.info()
     assert set(info) == {"version", "library", "isa", "threads", "cpu_features", "torch", "torch_built_with",
-                         "torch_threads"}
+                         "torch_threads", "thread_pool"}
     assert Path(info["library"]) == strata.library_path and strata.library_path.is_file()
     assert info["isa"] in ("scalar", "avx2", "avx512")
     assert isinstance(info["threads"], int) and info["threads"] >= 1
     assert info["torch"] == torch.__version__
+    assert info["thread_pool"] in ("torch", "own")
     assert info["torch_built_with"].split(".")[:2] == torch.__version__.split("+")[0].split(".")[:2]
 
 

@@ -1,0 +1,28 @@
+// strata/torch/threads.h: which threads strata's kernels run their parallel regions on, in a
+// process that has LibTorch loaded.
+//
+//   "torch" (the default): torch's own intra-op threads (at::parallel_for: OpenMP in the official
+//           builds). One team for both libraries: a strata kernel right after a torch op finds the
+//           team awake instead of fighting it for the cores (with libgomp's default wait policy,
+//           torch's workers spin for a while after every op, and a second pool of N threads on N
+//           cores then runs at about half speed until they give up). A region uses
+//           min(strata::get_num_threads(), at::get_num_threads()) threads.
+//   "own":  strata's own pool (strata/threading.h), as without LibTorch.
+// The environment variable STRATA_THREAD_POOL=torch|own sets the default when the library loads.
+// Fork (DataLoader workers, multiprocessing's 'fork'): libgomp's team does not survive fork, and
+// a child of a process that ran a parallel region on it hangs in its first one (torch's own ops
+// too, e.g. MKL's threaded exp). So a child forked after strata ran a region on torch's threads
+// starts with one intra-op thread (at::set_num_threads(1) in a fork handler: torch.get_num_threads()
+// == 1 there, as in DataLoader workers; raising it again there hangs), and strata's regions in
+// any forked child run on a fresh pool of strata's own (strata::get_num_threads() threads).
+#pragma once
+#include <string>
+
+namespace strata::torch {
+
+// name: "torch" or "own"; anything else is a strata::Error naming `name`. Takes effect for the
+// next parallel region; do not call it while another thread runs a strata kernel.
+void set_thread_pool(const std::string& name);
+std::string thread_pool();  // "torch" or "own"
+
+}  // namespace strata::torch
