@@ -65,9 +65,9 @@ struct Scope {
   std::string saved;
 };
 
-TEST(TorchThreads, DefaultIsTorchsThreads) {
+TEST(TorchThreads, DefaultIsStrataOwnPool) {
   if (std::getenv("STRATA_THREAD_POOL") != nullptr) GTEST_SKIP() << "STRATA_THREAD_POOL is set";
-  EXPECT_EQ(strata::torch::thread_pool(), "torch");
+  EXPECT_EQ(strata::torch::thread_pool(), "own");
 }
 
 TEST(TorchThreads, RegionsRunOnTorchsThreads) {

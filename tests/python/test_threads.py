@@ -1,5 +1,5 @@
-"""Where strata's parallel regions run (strata.thread_pool / set_thread_pool): torch's own threads by
-default, strata's own pool on request; results do not depend on it; bad names are clear errors; the
+"""Where strata's parallel regions run (strata.thread_pool / set_thread_pool): strata's own pool by
+default, torch's own threads on request; results do not depend on it; bad names are clear errors; the
 environment variable STRATA_THREAD_POOL sets the default (checked in a fresh interpreter)."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def restore_pool():
     strata.set_thread_pool(saved)
 
 
-def test_default_is_torchs_threads():
+def test_default_is_strata_own_pool():
     if "STRATA_THREAD_POOL" in os.environ:
         pytest.skip("STRATA_THREAD_POOL is set")
-    assert strata.thread_pool() == "torch"
-    assert strata.info()["thread_pool"] == "torch"
+    assert strata.thread_pool() == "own"
+    assert strata.info()["thread_pool"] == "own"
 
 
 def test_switch_and_results_do_not_depend_on_it(restore_pool):
@@ -57,9 +57,9 @@ def _in_fresh_interpreter(code: str, pool: str) -> subprocess.CompletedProcess:
 
 
 def test_environment_variable_sets_the_default():
-    proc = _in_fresh_interpreter("import strata; print(strata.thread_pool())", "own")
+    proc = _in_fresh_interpreter("import strata; print(strata.thread_pool())", "torch")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "own"
+    assert proc.stdout.strip() == "torch"
 
 
 def test_bad_environment_variable_fails_the_kernel_calls_clearly():
