@@ -11,7 +11,9 @@
 // The environment variable STRATA_THREAD_POOL=torch|own sets the default when the library loads.
 // "torch" is opt-in for now: one clean-clone CI run (ctest -j2) saw `strata bench monarch --smoke`
 // give a 2e-4 error on its T = 1 forward rows on torch's threads (not reproduced in 20 runs, alone
-// or two at a time); until that is explained the default stays "own".
+// or two at a time). Later, beside a busy process, the same wrong rows came in 1 of 25 runs on
+// torch's threads and in 1 of 40 on strata's own pool: a race in the Monarch T = 1 forward (or its
+// bench check) that load exposes, not this runner; the default stays "own" until it is fixed.
 // Fork (DataLoader workers, multiprocessing's 'fork'): libgomp's team does not survive fork, and
 // a child of a process that ran a parallel region on it hangs in its first one (torch's own ops
 // too, e.g. MKL's threaded exp). So a child forked after strata ran a region on torch's threads
