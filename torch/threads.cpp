@@ -18,11 +18,11 @@
 namespace strata::torch {
 namespace {
 
+std::atomic<bool> g_ran_on_torch_threads{false};  // for the fork handler below
+
 // The region runner: body(ctx, i) for i in [0, team) over at::parallel_for, one index per thread
 // when torch has team threads (fewer: a thread runs several indices in turn, which the core's
 // dynamic chunking allows); inline when called from inside a torch parallel region.
-std::atomic<bool> g_ran_on_torch_threads{false};
-
 void run_on_torch_threads(int team, void (*body)(void*, int), void* ctx) {
   if (!g_ran_on_torch_threads.load(std::memory_order_relaxed)) g_ran_on_torch_threads.store(true);
   at::parallel_for(0, team, 1, [&](int64_t begin, int64_t end) {
@@ -64,7 +64,8 @@ void run_with_bad_env(int, void (*)(void*, int), void*) {
 [[maybe_unused]] const bool g_installed = [] {
   const char* env = std::getenv("STRATA_THREAD_POOL");
   const std::string name = env ? env : "own";  // opt in to "torch": see threads.h
-  strata::set_region_runner(name == "torch" ? &run_on_torch_threads : name == "own" ? nullptr : &run_with_bad_env);
+  const bool valid = name == "torch" || name == "own";
+  strata::set_region_runner(valid ? runner_for(name, "strata", "STRATA_THREAD_POOL") : &run_with_bad_env);
   return true;
 }();
 

@@ -31,6 +31,24 @@ void run_inline(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn)
   t_in_region = false;
 }
 
+// Runs fn's chunks of [0, n) as `next` hands them out, until none is left; the first exception
+// is kept in `error` (under mu) and stops the handing out. The pool's workers and an installed
+// runner's calls share it.
+void drain_chunks(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int64_t grain,
+                  std::atomic<int64_t>& next, std::mutex& mu, std::exception_ptr& error, int tid) {
+  for (;;) {
+    const int64_t b = next.fetch_add(1) * grain;
+    if (b >= n) break;
+    try {
+      fn(b, std::min(n, b + grain), tid);
+    } catch (...) {
+      std::lock_guard<std::mutex> g(mu);
+      if (!error) error = std::current_exception();
+      next.store(n);  // stop handing out chunks
+    }
+  }
+}
+
 class Pool {
  public:
   explicit Pool(int n) { resize(n); }
@@ -74,18 +92,7 @@ class Pool {
  private:
   void work(int tid) {
     t_in_region = true;
-    for (;;) {
-      const int64_t c = next_.fetch_add(1);
-      const int64_t b = c * grain_;
-      if (b >= n_) break;
-      try {
-        (*fn_)(b, std::min(n_, b + grain_), tid);
-      } catch (...) {
-        std::lock_guard<std::mutex> g(mu_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(n_);  // stop handing out chunks
-      }
-    }
+    drain_chunks(*fn_, n_, grain_, next_, mu_, error_, tid);
     t_in_region = false;
   }
 
@@ -199,17 +206,7 @@ void runner_body(void* ctx, int tid) {
   RunnerRegion& r = *static_cast<RunnerRegion*>(ctx);
   const bool outer = t_in_region;  // a runner may run a call on a thread already in a region
   t_in_region = true;
-  for (;;) {
-    const int64_t b = r.next.fetch_add(1) * r.grain;
-    if (b >= r.n) break;
-    try {
-      (*r.fn)(b, std::min(r.n, b + r.grain), tid);
-    } catch (...) {
-      std::lock_guard<std::mutex> g(r.mu);
-      if (!r.error) r.error = std::current_exception();
-      r.next.store(r.n);  // stop handing out chunks
-    }
-  }
+  drain_chunks(*r.fn, r.n, r.grain, r.next, r.mu, r.error, tid);
   t_in_region = outer;
 }
 
