@@ -63,7 +63,10 @@ class Pool {
     stop();
     nthreads_ = n;
     quit_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+    // New workers start at the current generation: a region that ended before the resize is not
+    // theirs to run (its fn_ is gone, and a stray pass would decrement active_ it never counted).
+    const uint64_t now = generation_;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, now] { loop(i, now); });
   }
 
   void run(int64_t n, int64_t grain,
@@ -96,8 +99,7 @@ class Pool {
     t_in_region = false;
   }
 
-  void loop(int tid) {
-    uint64_t seen = 0;
+  void loop(int tid, uint64_t seen) {
     for (;;) {
       {
         std::unique_lock<std::mutex> g(mu_);
