@@ -14,6 +14,8 @@
 // or two at a time). Later, beside a busy process, the same wrong rows came in 1 of 25 runs on
 // torch's threads and in 1 of 40 on strata's own pool: a race in the Monarch T = 1 forward (or its
 // bench check) that load exposes, not this runner; the default stays "own" until it is fixed.
+// (Seen on an Intel Xeon with AVX-512 only; 0 of 70 runs on an AVX2-only AMD EPYC. The bench now
+// prints its two checks apart under a wrong row; bench/stress_under_load.sh reruns it.)
 // Fork (DataLoader workers, multiprocessing's 'fork'): libgomp's team does not survive fork, and
 // a child of a process that ran a parallel region on it hangs in its first one (torch's own ops
 // too, e.g. MKL's threaded exp). So a child forked after strata ran a region on torch's threads
