@@ -84,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v (empty_like: contiguous for an overlapping
   // input such as an expand()ed q, whose heads each get their own dq; autograd sums them)
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  at::Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);
   strata::attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
                              view_of(dv, where, "dv"), opt);
   return {dq, dk, dv};

@@ -188,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
   const TensorView gv = view_of(dout, where, "dout");
   const ResolvedOptions r = make_options(where, a, l, in.d.batch);
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  at::Tensor dq = binding::empty_grad_like(q), dk = binding::empty_grad_like(k), dv = binding::empty_grad_like(v);
   strata::mlr_attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
                                  view_of(dv, where, "dv"), r.opt);
   return {dq, dk, dv};

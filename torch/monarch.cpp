@@ -73,7 +73,7 @@ at::Tensor empty_state(const char* where, const AttnDims& d, const MonarchOption
                                 "the state saved for the backward (batch x heads x (num_steps-1) x M*B x head_dim "
                                 "float32)",
                                 o.num_steps);
-  return at::empty(sizes, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  return binding::with_huge_pages(at::empty(sizes, at::TensorOptions().dtype(at::kFloat).device(at::kCPU)));
 }
 
 }  // namespace
@@ -103,7 +103,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> monarch_attention_backward(
   const TensorView sv = state.defined() ? view_of(state, where, "state") : TensorView{};
   const TensorView gv = view_of(dout, where, "dout");
   // dq, dk, dv: shapes, dtypes and memory order of q, k, v
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  at::Tensor dq = binding::empty_grad_like(q), dk = binding::empty_grad_like(k), dv = binding::empty_grad_like(v);
   strata::monarch_attention_backward(in.q, in.k, in.v, sv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
                                      view_of(dv, where, "dv"), opt);
   return {dq, dk, dv};

@@ -181,10 +181,11 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const char* where, const Structu
   validate(where, spec);
   const Rows r = rows_of(where, "x", x, spec.in);
   const TensorView xv = view_of(r.t, where, "x", kKernelDTypes);
-  at::Tensor y = at::empty({r.t.size(0), spec.out}, r.t.options()), saved;
+  at::Tensor y = binding::with_huge_pages(at::empty({r.t.size(0), spec.out}, r.t.options())), saved;
   TensorView sv;
   if (save) {
-    saved = at::empty({structured_saved_size(spec, r.t.size(0))}, at::TensorOptions().dtype(at::kFloat));
+    saved = binding::with_huge_pages(
+        at::empty({structured_saved_size(spec, r.t.size(0))}, at::TensorOptions().dtype(at::kFloat)));
     sv = view_of(saved, where, "saved");
   }
   strata::structured_forward(spec, xv, factor_views(where, factors, kKernelDTypes), view_of(y, where, "y"), sv);
@@ -216,7 +217,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> structured_backward(const Struct
   at::Tensor dx;
   TensorView dxv;
   if (input_grad) {
-    dx = at::empty({r.t.size(0), spec.in}, r.t.options());
+    dx = binding::with_huge_pages(at::empty({r.t.size(0), spec.in}, r.t.options()));
     dxv = view_of(dx, where, "dx");
   }
   std::vector<at::Tensor> df;
