@@ -110,11 +110,12 @@ inline const char* layout_name(Layout l) { return l == Layout::BSHD ? "bshd" : "
 
 // Asks Linux to back the 2 MB-aligned interior of t's storage with transparent huge pages, before
 // anything touches it (returns t). For the kernels' large outputs (o, dq, dk, dv, ...): glibc maps
-// an allocation of 32 MB or more afresh on every call, and faulting it in 4 KB pages cost 8.3 ms of
-// a 32 MB output (5 ms more than in 2 MB pages; an N = 256, batch 64 x 8 heads forward takes
-// ~76 ms). Outputs under 4 MB, memory that is not fresh, kernels without THP or with it "never"
-// are left as they are; STRATA_HUGE_PAGES=0 turns it off (the THP "madvise" defrag policy may
-// compact memory at the fault on a fragmented machine).
+// an allocation of 32 MB or more afresh on every call, and filling a fresh 32 MB output took 9.6 ms
+// in 4 KB pages, 3.2 ms in 2 MB pages, 1.6 ms reused (an AMD EPYC, 2 threads; an N = 256, batch
+// 64 x 8 heads forward writing it takes 80-110 ms there). Outputs under 4 MB and Linux without
+// THP (or with it "never") are left as they are; memory that is not fresh keeps its pages.
+// STRATA_HUGE_PAGES=0 turns it off (the THP "madvise" defrag policy may compact memory at the
+// fault on a fragmented machine).
 inline at::Tensor with_huge_pages(at::Tensor t) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   static const bool enabled = [] {
