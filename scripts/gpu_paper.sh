@@ -102,10 +102,11 @@ for e in $EXPERIMENTS; do
   only=()
   [ "$e" = "etth1" ] && IFS=';' read -r -a only <<< "$ETTH1_ONLY"
   log "paper size of '$e' on CUDA, $STEPS steps per run${only:+ (${#only[@]} runs)}"
-  args=(experiment "$e" --size paper --out "$WORK/paper-$e" --no-plot --no-progress
-        --set train.device=cuda "train.steps=$STEPS" "train.warmup=$(( STEPS / 2 ))" "train.eval_every=$STEPS"
-        "train.checkpoint_every=$STEPS" train.keep_checkpoints=1 train.eval_batches=8)
-  [ ${#only[@]} -gt 0 ] && args+=(--only "${only[@]}")
+  # One --set / --only per value: the CLI takes one value per flag (a list after one flag is refused).
+  args=(experiment "$e" --size paper --out "$WORK/paper-$e" --no-plot --no-progress)
+  for kv in train.device=cuda "train.steps=$STEPS" "train.warmup=$(( STEPS / 2 ))" "train.eval_every=$STEPS" \
+            "train.checkpoint_every=$STEPS" train.keep_checkpoints=1 train.eval_batches=8; do args+=(--set "$kv"); done
+  for label in "${only[@]}"; do args+=(--only "$label"); done
   if ! "$BIN" "${args[@]}" > "$OUT/paper-$e.log" 2>&1; then
     tail -20 "$OUT/paper-$e.log" >&2
     log "the paper size of '$e' failed (log: $OUT/paper-$e.log)"

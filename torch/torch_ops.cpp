@@ -53,6 +53,17 @@ at::Tensor expand_heads(const at::Tensor& t, int64_t H) {
       .reshape({t.size(0), H, t.size(2), t.size(3)});
 }
 
+// An operand for SDPA off the CPU: expand_heads' broadcast (a zero stride over heads) made dense.
+// cuDNN's attention, which SDPA picks for bf16 / fp16 on Hopper, refuses such a layout ("the
+// stride for the last dimension ... should be 1"; seen on an H200 with a shared query, heads_q = 1);
+// the copy is H x seq x d, small beside the attention itself. CPU operands stay views.
+at::Tensor sdpa_operand(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.stride(i) == 0 && t.size(i) > 1) return t.contiguous();
+  return t;
+}
+
 // The logit scale as the kernels take it: given ones rounded to float32, else 1/sqrt(head_dim).
 double logit_scale(float scale, int64_t head_dim) {
   return std::isnan(scale) ? 1.0 / std::sqrt(double(head_dim)) : double(scale);
@@ -119,8 +130,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
 
   const double scale = logit_scale(opt.scale, d.head_dim);
-  const at::Tensor qh = expand_heads(heads_first(q, l), H), kh = expand_heads(heads_first(k, l), H),
-                   vh = expand_heads(heads_first(v, l), H);
+  const at::Tensor qh = sdpa_operand(expand_heads(heads_first(q, l), H)),
+                   kh = sdpa_operand(expand_heads(heads_first(k, l), H)),
+                   vh = sdpa_operand(expand_heads(heads_first(v, l), H));
   at::Tensor out;
   const bool causal_only = a.causal && d.seqlen_q == d.seqlen_k && a.window_left < 0 && a.window_right < 0 &&
                            opt.key_padding_mask.data == nullptr && opt.bias.data == nullptr;
