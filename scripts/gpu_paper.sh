@@ -5,9 +5,9 @@
 #   2. runs each experiment's smoke size on the CPU through the torch-op path (STRATA_TORCH_OPS=1:
 #      the ATen ops the GPU runs for the attentions whose strata kernel is CPU-only), so a broken
 #      GPU path shows before any device time is spent on it;
-#   3. checks the device: one step of the ICR smoke config with train.device=cuda; with no CUDA
+#   3. checks the device: one step of the ICR smoke config with train.device=DEVICE; with no CUDA
 #      device it writes OUT/gpu_paper.json {"status": "no-device", ...} and exits 3;
-#   4. runs every run of each experiment at --size paper on CUDA for STEPS steps (evaluation and
+#   4. runs every run of each experiment at --size paper on DEVICE for STEPS steps (evaluation and
 #      one checkpoint at the end; ETTh1: the runs in ETTH1_ONLY), then writes OUT/gpu_paper.json:
 #      per run the label, model, steps, training tokens/s, wall seconds, loss, val and test
 #      metrics, with the GPU's name, torch's version and the commit; and OUT/<exp>_summary.json.
@@ -18,7 +18,9 @@
 # Env:    PYTHON (python3: the one whose torch the build uses); STEPS (20) per run; EXPERIMENTS ("icr charlm etth1"); STRATA_BIN (a built strata: no
 #         build); WORK (scratch, default /tmp/strata-gpu); ETTH1_ONLY (labels separated by ';'; default:
 #         the patch runs at horizons 96 and 720, the point runs at 96: a point run's flatten head
-#         at D = 512 is ~1e8 parameters per horizon step of 96); JOBS (build jobs, default nproc).
+#         at D = 512 is ~1e8 parameters per horizon step of 96); JOBS (build jobs, default nproc);
+#         DEVICE (cuda: the train.device of stages 3-4; cuda:N, or cpu to test stage 4 without a GPU);
+#         SIZE (paper: the size stage 4 runs; smoke for that test, in seconds).
 # Exit:   0 all ran; 3 no CUDA device (stages 1-2 done); other: the failing stage's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,11 @@ STEPS="${STEPS:-20}"
 EXPERIMENTS="${EXPERIMENTS:-icr charlm etth1}"
 WORK="${WORK:-/tmp/strata-gpu}"
 ETTH1_ONLY="${ETTH1_ONLY:-patch mha H=96;patch mha H=720;patch mlr 48|16 H=96;patch mlr 48|16 H=720;patch mlr 40|16|4|4 H=96;patch mlr 40|16|4|4 H=720;patch swa w=8 H=96;patch swa w=8 H=720;point mha H=96;point mlr 48|16 H=96;point mlr 40|16|4|4 H=96;point swa w=64 H=96}"
+DEVICE="${DEVICE:-cuda}"
+SIZE="${SIZE:-paper}"
 case "$STEPS" in ''|*[!0-9]*|0) die "STEPS: expected an integer >= 1, got '$STEPS'" ;; esac
+case "$DEVICE" in cpu|cuda|cuda:[0-9]*) ;; *) die "DEVICE: expected cpu, cuda or cuda:N, got '$DEVICE'" ;; esac
+case "$SIZE" in smoke|cpu|paper) ;; *) die "SIZE: expected smoke, cpu or paper, got '$SIZE'" ;; esac
 mkdir -p "$OUT" "$WORK" || die "cannot create OUT '$OUT' or WORK '$WORK'"
 PY="$(command -v "${PYTHON:-python3}" || true)"
 [ -n "$PY" ] || die "${PYTHON:-python3} is missing (the build takes LibTorch from its torch; PYTHON names another)"
@@ -84,7 +90,7 @@ done
 
 # ---- 3. the device check -------------------------------------------------------------------------
 rm -rf "$WORK/device-check"
-if ! "$BIN" train configs/icr.toml --size smoke --set train.device=cuda --set train.steps=1 \
+if ! "$BIN" train configs/icr.toml --size smoke --set "train.device=$DEVICE" --set train.steps=1 \
      --out "$WORK/device-check" --no-progress > "$OUT/device-check.log" 2>&1; then
   reason=$(grep -m1 -o "key 'train.device'.*" "$OUT/device-check.log" || tail -1 "$OUT/device-check.log")
   py - "$(cd "$OUT" && pwd)/gpu_paper.json" "$reason" "$EXPERIMENTS" <<'EOF'
@@ -101,29 +107,30 @@ status=0
 for e in $EXPERIMENTS; do
   only=()
   [ "$e" = "etth1" ] && IFS=';' read -r -a only <<< "$ETTH1_ONLY"
-  log "paper size of '$e' on CUDA, $STEPS steps per run${only:+ (${#only[@]} runs)}"
+  log "$SIZE size of '$e' on $DEVICE, $STEPS steps per run${only:+ (${#only[@]} runs)}"
   # One --set / --only per value: the CLI takes one value per flag (a list after one flag is refused).
-  args=(experiment "$e" --size paper --out "$WORK/paper-$e" --no-plot --no-progress)
-  for kv in train.device=cuda "train.steps=$STEPS" "train.warmup=$(( STEPS / 2 ))" "train.eval_every=$STEPS" \
+  args=(experiment "$e" --size "$SIZE" --out "$WORK/paper-$e" --no-plot --no-progress)
+  for kv in "train.device=$DEVICE" "train.steps=$STEPS" "train.warmup=$(( STEPS / 2 ))" "train.eval_every=$STEPS" \
             "train.checkpoint_every=$STEPS" train.keep_checkpoints=1 train.eval_batches=8; do args+=(--set "$kv"); done
   for label in "${only[@]}"; do args+=(--only "$label"); done
   if ! "$BIN" "${args[@]}" > "$OUT/paper-$e.log" 2>&1; then
     tail -20 "$OUT/paper-$e.log" >&2
-    log "the paper size of '$e' failed (log: $OUT/paper-$e.log)"
+    log "the $SIZE size of '$e' failed (log: $OUT/paper-$e.log)"
     status=1
   fi
   [ -f "$WORK/paper-$e/summary.json" ] && cp "$WORK/paper-$e/summary.json" "$OUT/${e}_summary.json"
 done
 
-py - "$(cd "$OUT" && pwd)" "$STEPS" "$EXPERIMENTS" <<'EOF'
+SIZE="$SIZE" py - "$(cd "$OUT" && pwd)" "$STEPS" "$EXPERIMENTS" "$DEVICE" <<'EOF'
 import json, os, sys
-out, steps, exps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+out, steps, exps, device = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
 try:
     import torch
-    gpu, tv = torch.cuda.get_device_name(0), torch.__version__
+    tv = torch.__version__
+    gpu = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "none (cpu)"
 except Exception as e:  # the record still names what it could
     gpu, tv = f"unknown ({e})", "unknown"
-res = {"status": "ran", "gpu": gpu, "torch": tv, "steps_per_run": steps, "experiments": {}}
+res = {"status": "ran", "size": os.environ.get("SIZE", "paper"), "device": device, "gpu": gpu, "torch": tv, "steps_per_run": steps, "experiments": {}}
 for e in exps:
     p = os.path.join(out, f"{e}_summary.json")
     if not os.path.exists(p):

@@ -49,4 +49,22 @@ if STEPS=0 STRATA_BIN="$STRATA" WORK="$T/work2" bash "$SRC/scripts/gpu_paper.sh"
 fi
 grep -q "STEPS: expected an integer >= 1" "$T/e.txt" || { cat "$T/e.txt" >&2; fail "STEPS=0: unclear error"; }
 [ ! -e "$T/work2/smoke-icr" ] || fail "STEPS=0 ran work before refusing"
-echo "gpu_paper.sh up to the device check: OK"
+if DEVICE=tpu STRATA_BIN="$STRATA" WORK="$T/work3" bash "$SRC/scripts/gpu_paper.sh" "$T/out3" 2>"$T/e.txt"; then
+  fail "DEVICE=tpu was accepted"
+fi
+grep -q "DEVICE: expected cpu, cuda or cuda:N" "$T/e.txt" || { cat "$T/e.txt" >&2; fail "DEVICE=tpu: unclear error"; }
+
+# Stage 4 on the CPU at the smoke size (the paper size takes minutes here): one step of two ETTh1
+# runs, so the way it passes --set and --only (one flag per value) is exercised without a GPU.
+PYTHON="$PY" DEVICE=cpu SIZE=smoke STEPS=1 EXPERIMENTS=etth1 ETTH1_ONLY="patch mha H=96;patch swa w=8 H=96" \
+  STRATA_BIN="$STRATA" WORK="$T/work4" bash "$SRC/scripts/gpu_paper.sh" "$T/out4" 2>"$T/log4.txt" \
+  || { cat "$T/log4.txt" >&2; fail "stage 4 on the CPU failed"; }
+"$PY" - "$T/out4/gpu_paper.json" <<'PY' || fail "gpu_paper.json of the CPU stage 4 is not the expected record"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["status"] == "ran" and j["device"] == "cpu" and j["size"] == "smoke" and j["steps_per_run"] == 1, j
+runs = j["experiments"]["etth1"]
+assert [r["label"] for r in runs] == ["patch mha H=96", "patch swa w=8 H=96"], runs
+assert all(r["steps"] == 1 and r["test"]["mae"] > 0 for r in runs), runs
+PY
+echo "gpu_paper.sh up to the device check, and stage 4 on the CPU: OK"
