@@ -13,7 +13,8 @@ outputs rounded again; SDPA's own bf16 error is of the same order).
 Timing (CUDA events, median of REPS after warm-up), bfloat16, d = 64 and 12 heads as the
 MonarchAttention paper: strata.attention (the SDPA call plus strata's mask handling) and
 strata.monarch_attention (T = 1, 2; the torch-op composition) against SDPA (flash) at
-N = 1024 .. 16384; strata.mlr_attention (8 levels) against causal SDPA at N = 1024 and 4096.
+N = 1024 .. 16384; strata.mlr_attention (8 levels, context N: the regions' fast case) against
+causal SDPA at the same N, forward and forward + backward.
 
 Writes OUT.json: {"device", "torch", "cases": [...], "timing": [...], "ok": bool}. Exit 1 when a
 case is outside its bound. On the CPU (--device cpu) it checks the CPU kernels the same way.
@@ -98,6 +99,13 @@ def cases():
                 lambda q, k, v: strata.mlr_attention(q, k, v, [8, 4, 2, 2], context=128, level_average=True),
                 [qm, km, vm]))
 
+    out.append(("mlr 8|4|4 non-causal (the general composition)",
+                lambda q, k, v: strata.mlr_attention(q, k, v, [8, 4, 4], context=128, causal=False), [qm, km, vm]))
+    ql, kl, vl = r(1, 1025, 2, 16), r(1, 1025, 1, 16), r(1, 1025, 1, 24)
+    out.append(("mlr 4|4|4|2|2 N=1025 context 2048 GQA 1/L",
+                lambda q, k, v: strata.mlr_attention(q, k, v, [4, 4, 4, 2, 2], context=2048, divide_by_num_levels=True),
+                [ql, kl, vl]))
+
     qn, kn, vn = r(2, 100, 3, 24), r(2, 100, 3, 24), r(2, 100, 3, 24)
     for T in (1, 3):
         out.append((f"monarch N=100 B=10 T={T}", lambda q, k, v, T=T: strata.monarch_attention(q, k, v, num_steps=T),
@@ -159,14 +167,28 @@ def timing(device, reps):
             row[f"monarch_T{T}_speedup_over_sdpa"] = ratio(sdpa, row[f"monarch_T{T}_ms"])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    for N in (1024, 4096):
+    for N in (1024, 4096, 16384):
         q, k, v = (torch.randn(1, N, H, d, device=device, dtype=torch.bfloat16) for _ in range(3))
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         sdpa = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), reps)
         ranks = [32, 8, 6, 4, 4, 4, 4, 2]
-        ms = median_ms(lambda: strata.mlr_attention(q, k, v, ranks, context=N, level_average=True), reps)
+        mlr = lambda q, k, v: strata.mlr_attention(q, k, v, ranks, context=N, level_average=True)
+        ms = median_ms(lambda: mlr(q, k, v), reps)
         row = {"N": N, "heads": H, "head_dim": d, "dtype": "bfloat16", "sdpa_causal_ms": sdpa,
                "mlr_8_levels_ms": ms, "mlr_speedup_over_sdpa": ratio(sdpa, ms)}
+        # forward + backward (a training step's attention), gradients of q, k, v
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        dout = torch.randn_like(q)
+
+        def step(fn):
+            out = fn()
+            torch.autograd.grad(out, (qg, kg, vg), dout)
+
+        sdpa_fb = median_ms(lambda: step(lambda: F.scaled_dot_product_attention(
+            qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), is_causal=True).transpose(1, 2)), reps)
+        mlr_fb = median_ms(lambda: step(lambda: mlr(qg, kg, vg)), reps)
+        row.update({"sdpa_causal_fwd_bwd_ms": sdpa_fb, "mlr_fwd_bwd_ms": mlr_fb,
+                    "mlr_fwd_bwd_speedup_over_sdpa": ratio(sdpa_fb, mlr_fb)})
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

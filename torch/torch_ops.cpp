@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "binding_util.h"
+#include "mlr_regions.h"
 #include "options.h"
 #include "strata/error.h"
 
@@ -17,6 +18,7 @@ namespace strata::torch {
 namespace {
 
 std::atomic<bool> g_use_torch_ops{false};
+std::atomic<bool> g_use_mlr_regions{true};
 
 using binding::cat;
 using binding::torch_dtype_name;
@@ -89,6 +91,8 @@ at::Tensor masked_softmax_pv(const at::Tensor& scores, const at::Tensor& allowed
 
 void set_use_torch_ops(bool on) { g_use_torch_ops.store(on); }
 bool use_torch_ops() { return g_use_torch_ops.load(); }
+void set_use_mlr_regions(bool on) { g_use_mlr_regions.store(on); }
+bool use_mlr_regions() { return g_use_mlr_regions.load(); }
 bool takes_torch_ops(const at::Tensor& t) { return use_torch_ops() || (t.defined() && !t.device().is_cpu()); }
 
 namespace torch_ops {
@@ -170,6 +174,12 @@ at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   validate(where, r.opt, d);
   const int64_t L = r.opt.num_levels, Nq = d.seqlen_q, Nk = d.seqlen_k;
   const at::Device dev = q.device();
+  // The common case (causal, the default dyadic blocks, seq within the context) without the
+  // T x T score matrices: dense attentions over key regions, merged by their lse (mlr_regions.h).
+  if (MlrRegionGeometry g; use_mlr_regions() && mlr_regions_geometry(r.opt, d.head_dim, Nq, Nk, q, &g))
+    return from_heads_first(mlr_regions_attention(heads_first(q, l), expand_heads(heads_first(k, l), d.heads_q),
+                                                  expand_heads(heads_first(v, l), d.heads_q), g),
+                            l);
 
   // Block starts of every position a query or key takes (queries may sit below 0): seqs x L x count,
   // seqs = batch with per-sequence segment lists, else 1 (broadcast over the batch).

@@ -384,6 +384,73 @@ TEST(TorchOps, MlrAttentionEqualsTheKernelInFloat32) {
                          qkv_of(40, 40, 4, 2, 16, 16, "bshd", at::kFloat), kTol32);
 }
 
+// The fast case of the torch-ops path (torch/mlr_regions.h: causal, dyadic blocks within the
+// context, no segments) against the double reference, and against the general composition
+// (set_use_mlr_regions(false)) in bf16: awkward lengths (1, 7, 97, 1025: tiles that end mid-block,
+// levels with no second half), 1 to 6 levels, GQA, a context longer than the sequence, explicit
+// dyadic block sizes, averaging, 1/L, inv_sqrt_head_dim. The non-dyadic, non-causal, prefill and
+// past-the-context cases of mlr_cases() take the general composition and are checked above.
+struct MlrRegionsCase {
+  int64_t seq, hq, hkv;
+  std::vector<int64_t> ranks, block_sizes;
+  int64_t context;
+  bool average, one_over_l;
+  std::string scale;
+};
+
+TEST(TorchOps, MlrRegionsEqualTheReferenceAndTheComposition) {
+  const std::vector<MlrRegionsCase> cases = {
+      {1, 2, 2, {3, 2}, {}, 0, false, false, "inv_rank"},
+      {7, 2, 2, {5}, {}, 0, false, false, "inv_rank"},
+      {7, 4, 2, {2, 2, 1}, {}, 0, true, false, "inv_rank"},
+      {97, 2, 1, {4, 2, 1, 1}, {}, 128, true, false, "inv_rank"},
+      {97, 2, 2, {3, 2, 1, 1, 1, 1}, {}, 0, false, true, "inv_sqrt_head_dim"},
+      {40, 2, 2, {4, 3, 1}, {64, 32, 16}, 0, false, false, "inv_rank"},
+      {1025, 1, 1, {4, 2, 1, 1}, {}, 2048, true, false, "inv_rank"},
+  };
+  at::manual_seed(17);
+  for (const MlrRegionsCase& c : cases) {
+    SCOPED_TRACE("seq " + std::to_string(c.seq) + ", " + std::to_string(c.ranks.size()) + " levels");
+    st::MlrArgs a;
+    a.ranks = c.ranks, a.block_sizes = c.block_sizes, a.context = c.context;
+    a.level_average = c.average, a.divide_by_num_levels = c.one_over_l, a.scale = c.scale;
+    int64_t D = 0;
+    for (int64_t r : c.ranks) D += r;
+    const auto fn = [&](const auto& t) { return st::mlr_attention(t[0], t[1], t[2], a); };
+    const std::vector<at::Tensor> qkv = qkv_of(c.seq, c.seq, c.hq, c.hkv, D, 5, "bshd", at::kDouble);
+    // float64: the reference against the regions on the CPU flash kernel. The floor: with one key
+    // (seq 1) dq and dk are exactly 0 and the regions' P (dP - D) leaves rounding noise (~1e-17).
+    const auto [want, got] = strata::test::on_both_paths([&] { return out_and_grads(fn, qkv); });
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(rel_err(got[i], want[i], 1e-3), kTol64) << "float64, " << i;
+    // bf16: the regions against the general composition, both on the torch-ops path; their
+    // roundings differ (q scaled per level before the product; scores summed in fp32 vs bf16
+    // matmuls), so the bound is bf16's (2^-8 relative per operand over sums of <= 1025 terms).
+    at::manual_seed(99);
+    const at::Tensor cot = at::randn({2, c.seq, c.hq, 5}, at::TensorOptions().dtype(at::kDouble));
+    const auto run = [&](at::ScalarType dt) {  // out and input grads, inputs and cotangent rounded to dt
+      std::vector<at::Tensor> leaves;
+      for (const at::Tensor& t : qkv) leaves.push_back(t.to(dt).detach().requires_grad_());
+      const at::Tensor out = fn(leaves);
+      const auto g = torch::autograd::grad({out}, leaves, {cot.to(dt)});
+      return std::vector<at::Tensor>{out.detach(), g[0], g[1], g[2]};
+    };
+    const st::UseTorchOps on(true);
+    st::set_use_mlr_regions(false);
+    const std::vector<at::Tensor> general = run(at::kBFloat16);
+    st::set_use_mlr_regions(true);
+    const std::vector<at::Tensor> regions = run(at::kBFloat16);
+    const std::vector<at::Tensor> exact = run(at::kDouble);
+    for (size_t i = 0; i < exact.size(); ++i) {
+      SCOPED_TRACE(i == 0 ? std::string("out") : "grad of input " + std::to_string(i - 1));
+      // Each against the float64 truth, the regions no worse than the composition (x 1.5 + slack).
+      const double e_regions = rel_err(regions[i].to(at::kDouble), exact[i], 1e-3);
+      const double e_general = rel_err(general[i].to(at::kDouble), exact[i], 1e-3);
+      EXPECT_LE(e_regions, 3e-2);
+      EXPECT_LE(e_regions, 1.5 * e_general + 4e-3);
+    }
+  }
+}
+
 TEST(TorchOps, MlrAttentionChecksAsTheKernelPath) {
   st::UseTorchOps on(true);
   const at::Tensor q = at::randn({1, 4, 2, 8});
