@@ -1,6 +1,7 @@
 // torch/mlr_regions.cpp: causal MLR attention of the default (dyadic) geometry as a sum of dense
-// attentions over key regions: the torch-ops path's fast case (torch/mlr_regions.h), for CUDA, where
-// strata has no MLR kernel, and for the CPU with the torch-ops switch on (where it is tested).
+// attentions over key regions: the torch-ops path's fast case (torch/mlr_regions.h), for CUDA
+// float32, where strata has no MLR kernel, and for the CPU with the torch-ops switch on (where it
+// is tested).
 //
 // Why it is exact. With b_l = 2 b_{l+1} and every position inside one level-1 block (seq <= b_1),
 // the keys query i may attend split into L disjoint regions by the finest level they share with i:
@@ -38,15 +39,14 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // The merge's and the gradients' accumulation type: float64 for float64 inputs, else float32.
 at::ScalarType accumulation_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
-// The kernels' head-dim padding: CUDA's memory-efficient kernel wants q/k and v widths that are
-// multiples of 8 (q and k equal); the CPU flash kernel wants q, k and v of one width. Zero columns
-// add nothing to the scores, and v's zero columns give zero output columns (sliced off).
+// The kernels' head-dim padding: q, k and v of one width, as SDPA's own calls have them (the CPU
+// flash kernel requires it), a multiple of 8 on CUDA. Zero columns add nothing to the scores, and v's zero columns give zero output
+// columns (sliced off).
 struct Widths {
   int64_t qk, v;
 };
 Widths padded_widths(bool cuda, int64_t r, int64_t dv) {
-  if (cuda) return {round_up(r, 8), round_up(dv, 8)};
-  const int64_t w = std::max(r, dv);
+  const int64_t w = cuda ? round_up(std::max(r, dv), 8) : std::max(r, dv);
   return {w, w};
 }
 
@@ -266,8 +266,10 @@ bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q
     return false;
   const bool cuda = q.is_cuda(), cpu = q.device().is_cpu();
   const at::ScalarType t = q.scalar_type();
-  if (!(cuda && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf)) &&
-      !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble)))
+  // CUDA: float32 only. On an H200 (torch 2.11.0+cu130) the memory-efficient kernel's bf16
+  // backward, given the merged out and lse, returned wrong dq / dk (dv and the forward right; the
+  // same calls in float32 right), and once an illegal address: bf16 / fp16 take the composition.
+  if (!(cuda && t == at::kFloat) && !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble)))
     return false;
   const int L = opt.num_levels;
   bool given = false;

@@ -1,7 +1,7 @@
 // torch/mlr_regions.h: the torch-ops path's fast case of MLR attention (torch/mlr_regions.cpp):
 // causal, self-attention (seq_q == seq_k), the dyadic geometry (b_l = 2 b_{l+1}, the default) with
-// every position in one level-1 block, no segments; CUDA (float32 / bf16 / fp16) or the CPU
-// (float32 / bf16 / float64). Exact: the same scores, merged over disjoint key regions by their
+// every position in one level-1 block, no segments; CUDA float32 (bf16 / fp16: see
+// mlr_regions_geometry) or the CPU (float32 / bf16 / float64). Exact: the same scores, merged over disjoint key regions by their
 // log-sum-exp, on torch's fused attention kernels; differentiable (its own backward).
 #pragma once
 

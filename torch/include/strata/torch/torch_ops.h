@@ -47,8 +47,8 @@ class UseTorchOps {
 
 // The torch-ops MLR path's fast case (an atomic; on by default): causal self-attention of the
 // default dyadic geometry as dense attentions over key regions merged by their lse, on torch's
-// fused kernels, instead of L dense seq x seq score matrices (torch/mlr_regions.h). Off: always
-// the general composition (tests compare the two).
+// fused kernels, instead of L dense seq x seq score matrices (torch/mlr_regions.h; CUDA float32,
+// CPU float32 / bf16 / float64). Off: always the general composition (tests compare the two).
 void set_use_mlr_regions(bool on);
 bool use_mlr_regions();
 
