@@ -37,18 +37,14 @@ using ::torch::autograd::variable_list;
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The merge's and the gradients' accumulation type: float64 for float64 inputs, else float32.
-at::ScalarType accumulation_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
-// The kernels' head-dim padding: q, k and v of one width, as SDPA's own calls have them (the CPU
-// flash kernel requires it), a multiple of 8 on CUDA. Zero columns add nothing to the scores, and v's zero columns give zero output
-// columns (sliced off).
-struct Widths {
-  int64_t qk, v;
-};
-Widths padded_widths(bool cuda, int64_t r, int64_t dv) {
-  const int64_t w = cuda ? round_up(std::max(r, dv), 8) : std::max(r, dv);
-  return {w, w};
+at::ScalarType accumulation_type(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
+
+// The kernels' head width: q, k and v padded to one width, as SDPA's own calls have them (the CPU
+// flash kernel requires it), a multiple of 8 on CUDA. Zero columns add nothing to the scores, and
+// v's zero columns give zero output columns (sliced off).
+int64_t padded_width(bool cuda, int64_t r, int64_t dv) { return cuda ? round_up(std::max(r, dv), 8) : std::max(r, dv); }
 
 at::Tensor pad_last(const at::Tensor& t, int64_t width) {
   const int64_t w = t.size(-1);
@@ -62,8 +58,8 @@ struct RegionForward {
 };
 RegionForward region_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   if (q.is_cuda()) {
-    auto [o, lse, seed, offset] =
-        at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, /*compute_log_sumexp=*/true, 0.0, causal, 1.0);
+    auto [o, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
+        q, k, v, std::nullopt, /*compute_log_sumexp=*/true, 0.0, causal, 1.0);
     return {o, lse, seed, offset};
   }
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, 1.0);
@@ -79,8 +75,8 @@ std::array<at::Tensor, 3> region_backward(const at::Tensor& dout, const at::Tens
         dout, q, k, v, at::Tensor(), out, lse, f.seed, f.offset, 0.0, {true, true, true, false}, causal, 1.0);
     return {dq, dk, dv};
   }
-  auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal,
-                                                                               std::nullopt, 1.0);
+  auto [dq, dk, dv] =
+      at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal, std::nullopt, 1.0);
   return {dq, dk, dv};
 }
 
@@ -142,10 +138,10 @@ int64_t prefix_rank(const MlrRegionGeometry& g, int m) {
 std::array<at::Tensor, 3> level_operands(const MlrRegionGeometry& g, int m, const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const Tiles& qt, const Tiles& kt) {
   const int64_t R = prefix_rank(g, m);
-  const Widths w = padded_widths(q.is_cuda(), R, v.size(3));
+  const int64_t w = padded_width(q.is_cuda(), R, v.size(3));
   const at::Tensor qs = q.narrow(3, 0, R) * level_query_scale(g, m, q.options());
-  return {pad_last(gather_tiles(qs, qt), w.qk), pad_last(gather_tiles(k.narrow(3, 0, R), kt), w.qk),
-          pad_last(gather_tiles(v, kt), w.v)};
+  return {pad_last(gather_tiles(qs, qt), w), pad_last(gather_tiles(k.narrow(3, 0, R), kt), w),
+          pad_last(gather_tiles(v, kt), w)};
 }
 
 struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunction> {
@@ -160,7 +156,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
     const at::Tensor q = pad_seq(q_in), k = pad_seq(k_in), v = pad_seq(v_in);
     const auto acc = q.options().dtype(accumulation_type(q));
     const double inf = std::numeric_limits<double>::infinity();
-    std::vector<at::Tensor> outs, lses;  // per level at full positions: B x H x Tp x dv, B x H x Tp x 1
+    std::vector<at::Tensor> outs, lses;    // per level at full positions: B x H x Tp x dv, B x H x Tp x 1
     std::vector<at::Tensor> kernel_state;  // per level: philox seed, offset (CUDA; empty on the CPU)
     std::vector<int64_t> lse_width;        // per level: the kernel's lse rows (CUDA pads them)
     for (int m = 0; m < g.levels; ++m) {
@@ -225,7 +221,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
       return x.narrow(2, 0, T).to(like.scalar_type());
     };
     variable_list r = binding::once_differentiable({back(dq, q), back(dk, k), back(dvv, v)}, {q, k, v, grads[0]},
-                                                     "strata mlr_attention (torch ops)");
+                                                   "strata mlr_attention (torch ops)");
     r.emplace_back();  // the geometry
     return r;
   }
@@ -259,8 +255,8 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
 
 }  // namespace
 
-bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q, int64_t seq_k,
-                          const at::Tensor& q, MlrRegionGeometry* g) {
+bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q, int64_t seq_k, const at::Tensor& q,
+                          MlrRegionGeometry* g) {
   if (!opt.causal || seq_q != seq_k || seq_k == 0 || opt.segment_starts != nullptr || opt.num_segment_starts != 0 ||
       opt.segment_offsets != nullptr)
     return false;
@@ -269,15 +265,14 @@ bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q
   // CUDA: float32 only. On an H200 (torch 2.11.0+cu130) the memory-efficient kernel's bf16
   // backward, given the merged out and lse, returned wrong dq / dk (dv and the forward right; the
   // same calls in float32 right), and once an illegal address: bf16 / fp16 take the composition.
-  if (!(cuda && t == at::kFloat) && !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble)))
-    return false;
+  if (!(cuda && t == at::kFloat) && !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble))) return false;
   const int L = opt.num_levels;
   bool given = false;
   for (int l = 0; l < L; ++l) given = given || opt.block_sizes[l] != 0;
   const int64_t context = opt.context != 0 ? opt.context : round_up(seq_k, int64_t(1) << (L - 1));
   for (int l = 0; l < L; ++l) g->block[l] = given ? opt.block_sizes[l] : context >> l;
   for (int l = 0; l + 1 < L; ++l)
-    if (g->block[l] != 2 * g->block[l + 1]) return false;  // not dyadic: the general composition
+    if (g->block[l] != 2 * g->block[l + 1]) return false;        // not dyadic: the general composition
   if (g->block[L - 1] < 1 || g->block[0] < seq_k) return false;  // positions past one level-1 block
   g->levels = L;
   g->level_average = opt.level_average;
