@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/core.h>
+#include <torch/cuda.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -41,6 +42,12 @@ int run_info(const InfoOptions& o) {
   fmt::print("threads:  strata {}, torch {}; strata's regions run on {} threads (STRATA_THREAD_POOL=torch|own)\n",
              strata::get_num_threads(), at::get_num_threads(),
              strata::torch::thread_pool() == "torch" ? "torch's" : "strata's own");
+  // strata has CPU kernels only; on a CUDA device its ops run through the torch-op path (ATen ops).
+  const int64_t gpus = ::torch::cuda::is_available() ? int64_t(::torch::cuda::device_count()) : 0;
+  fmt::print("cuda:     {}\n", gpus == 0 ? std::string("no device (LibTorch sees none)")
+                                           : fmt::format("{} device(s); strata's ops run there through the torch-op "
+                                                         "path (ATen ops), train.device=cuda",
+                                                         gpus));
   if (o.peak) {
     const FmaPeak p = measure_fma_peak(threads);
     fmt::print("peak:     {:.1f} GFLOP/s fp32 FMA on {} threads, {:.1f} on one ({} loop)\n", p.all_gflops,
