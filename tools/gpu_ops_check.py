@@ -99,6 +99,10 @@ def cases():
                 lambda q, k, v: strata.mlr_attention(q, k, v, [8, 4, 2, 2], context=128, level_average=True),
                 [qm, km, vm]))
 
+    qe, ke, ve = r(2, 96, 3, 16), r(2, 96, 3, 16), r(2, 96, 3, 16)
+    out.append(("mlr 8|4|2|2 non-causal N = context = 96 (encoder)",
+                lambda q, k, v: strata.mlr_attention(q, k, v, [8, 4, 2, 2], context=96, causal=False, level_average=True),
+                [qe, ke, ve]))
     out.append(("mlr 8|4|4 non-causal (the general composition)",
                 lambda q, k, v: strata.mlr_attention(q, k, v, [8, 4, 4], context=128, causal=False), [qm, km, vm]))
     ql, kl, vl = r(1, 1025, 2, 16), r(1, 1025, 1, 16), r(1, 1025, 1, 24)

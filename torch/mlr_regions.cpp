@@ -1,22 +1,23 @@
-// torch/mlr_regions.cpp: causal MLR attention of the default (dyadic) geometry as a sum of dense
-// attentions over key regions: the torch-ops path's fast case (torch/mlr_regions.h), for CUDA
-// float32, where strata has no MLR kernel, and for the CPU with the torch-ops switch on (where it
-// is tested).
+// torch/mlr_regions.cpp: MLR attention of the default (dyadic) geometry as a sum of dense attentions
+// over key regions: the torch-ops path's fast case (torch/mlr_regions.h), for CUDA float32, where
+// strata has no MLR kernel, and for the CPU with the torch-ops switch on (where it is tested).
 //
 // Why it is exact. With b_l = 2 b_{l+1} and every position inside one level-1 block (seq <= b_1),
 // the keys query i may attend split into L disjoint regions by the finest level they share with i:
-//   m < L: the level-(m+1) block just before i's own, when i's is the second half of its level-m
-//          block (empty when it is the first half: those keys are in i's future);
-//   m = L: i's own level-L block, keys <= i.
+//   m < L: the other half of i's level-m block (the sibling of i's level-(m+1) block); causal: only
+//          when i's half is the second (the first half's sibling is in i's future);
+//   m = L: i's own level-L block (keys <= i when causal).
 // On region m the score is q'_m . k'_m with q'_m = (c_1 q_1, ..., c_m q_m) / (m with level
 // averaging) and k'_m = (k_1, ..., k_m): a dense attention of a tile of b_{m+1} queries against
-// one tile of b_{m+1} keys, no mask (the level-L tiles causal). Each region's (out, lse) comes from
-// torch's fused attention kernels that return the log-sum-exp (memory-efficient on CUDA, flash on
-// the CPU), and the regions merge by their lse. The backward calls the same kernels' backward per
-// region with the GLOBAL out and lse, which gives each region's exact share of dq, dk, dv (they
-// recompute P = exp(S - lse) and D = rowsum(dO * O) from what they are given).
-// Work: (T / 2) b_{m+1} (R_m + dv) multiply-adds per level m < L and T b_L (d + dv) / 2 for the
-// last, as the CPU kernel's; the general composition forms L dense T x T score matrices.
+// one tile of b_{m+1} keys, no mask (the level-L tiles causal when the call is). Each region's
+// (out, lse) comes from torch's fused attention kernels that return the log-sum-exp
+// (memory-efficient on CUDA, flash on the CPU), and the regions merge by their lse. The backward
+// calls the same kernels' backward per region with the GLOBAL out and lse, which gives each
+// region's exact share of dq, dk, dv (they recompute P = exp(S - lse) and D = rowsum(dO * O) from
+// what they are given). Non-causal calls need seq == b_1 (a sibling tile past the sequence would
+// need a key mask). Work (causal): (T / 2) b_{m+1} (R_m + dv) multiply-adds per level m < L and
+// T b_L (d + dv) / 2 for the last, as the CPU kernel's; the general composition forms L dense
+// T x T score matrices.
 #include "mlr_regions.h"
 
 #include <ATen/ATen.h>
@@ -84,13 +85,21 @@ std::array<at::Tensor, 3> region_backward(const at::Tensor& dout, const at::Tens
 // Level m < L: queries at first = size, keys at first = 0, step 2 size; level L: both at 0, step size.
 struct Tiles {
   int64_t first, size, step, count;
+  bool swap_pairs = false;  // tile j stands at j ^ 1 (non-causal keys: the sibling half-block)
 };
+
+// (B count) x H x size x w in tile order -> the same with tiles 2i and 2i + 1 swapped (self-inverse).
+at::Tensor swap_tile_pairs(const at::Tensor& y, int64_t B, int64_t count) {
+  const int64_t H = y.size(1), size = y.size(2), w = y.size(3);
+  return y.view({B, count / 2, 2, H, size, w}).flip(2).reshape({B * count, H, size, w});
+}
 
 // x: B x H x Tp x w (Tp >= the tiles' end) -> (B count) x H x size x w, the tiles' rows (a copy).
 at::Tensor gather_tiles(const at::Tensor& x, const Tiles& t) {
   const int64_t B = x.size(0), H = x.size(1), w = x.size(3);
   const at::Tensor rows = x.narrow(2, 0, t.count * t.step).view({B, H, t.count, t.step, w}).narrow(3, t.first, t.size);
-  return rows.permute({0, 2, 1, 3, 4}).reshape({B * t.count, H, t.size, w});
+  const at::Tensor tiles = rows.permute({0, 2, 1, 3, 4}).reshape({B * t.count, H, t.size, w});
+  return t.swap_pairs ? swap_tile_pairs(tiles, B, t.count) : tiles;
 }
 
 // The inverse of gather_tiles into full (B x H x Tp x w): full's tile rows (+)= y's.
@@ -100,7 +109,8 @@ void scatter_tiles(at::Tensor& full, const at::Tensor& y, const Tiles& t, bool a
                        .view({B, H, t.count, t.step, full.size(3)})
                        .narrow(3, t.first, t.size)
                        .narrow(4, 0, w);
-  const at::Tensor src = y.view({B, t.count, H, t.size, w}).permute({0, 2, 1, 3, 4});
+  const at::Tensor src =
+      (t.swap_pairs ? swap_tile_pairs(y, B, t.count) : y).view({B, t.count, H, t.size, w}).permute({0, 2, 1, 3, 4});
   if (add)
     dst.add_(src);
   else
@@ -109,12 +119,16 @@ void scatter_tiles(at::Tensor& full, const at::Tensor& y, const Tiles& t, bool a
 
 // The query and key tiles of level m (0-based) for a sequence of T positions, or count 0.
 std::pair<Tiles, Tiles> level_tiles(const MlrRegionGeometry& g, int m, int64_t T) {
-  if (m == g.levels - 1) {  // own block, causal
+  if (m == g.levels - 1) {  // own block (causal when the call is)
     const int64_t size = g.levels == 1 ? T : g.block[m];
     const Tiles own{0, size, size, (T + size - 1) / size};
     return {own, own};
   }
   const int64_t size = g.block[m + 1];
+  if (!g.causal) {  // T == b_1: every tile full; each attends to its sibling
+    const int64_t count = T / size;
+    return {Tiles{0, size, size, count}, Tiles{0, size, size, count, /*swap_pairs=*/true}};
+  }
   const int64_t pairs = (T + size - 1) / size / 2;  // second halves holding a position < T
   return {Tiles{size, size, 2 * size, pairs}, Tiles{0, size, 2 * size, pairs}};
 }
@@ -163,7 +177,8 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
       const auto [qt, kt] = level_tiles(g, m, T);
       if (qt.count == 0) continue;
       const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt);
-      const RegionForward f = region_forward(qm.contiguous(), km.contiguous(), vm.contiguous(), m == g.levels - 1);
+      const RegionForward f =
+          region_forward(qm.contiguous(), km.contiguous(), vm.contiguous(), g.causal && m == g.levels - 1);
       at::Tensor o = at::zeros({B, H, Tp, dv}, acc), l = at::full({B, H, Tp, 1}, -inf, acc);
       scatter_tiles(o, f.out.narrow(3, 0, dv).to(acc.dtype()), qt, false);
       scatter_tiles(l, f.lse.narrow(2, 0, qt.size).unsqueeze(-1).to(acc.dtype()), qt, false);
@@ -200,7 +215,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
     for (int m = 0; m < g.levels; ++m) {
       const auto [qt, kt] = level_tiles(g, m, T);
       if (qt.count == 0) continue;
-      const bool causal = m == g.levels - 1;
+      const bool causal = g.causal && m == g.levels - 1;
       const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt);
       const at::Tensor qc = qm.contiguous(), kc = km.contiguous(), vc = vm.contiguous();
       // The merged lse and out in the kernel's layouts (lse rows padded to its width).
@@ -227,7 +242,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
   }
 
   static c10::IValue geometry_to_ivalue(const MlrRegionGeometry& g) {
-    std::vector<int64_t> ints{g.levels, g.level_average ? 1 : 0};
+    std::vector<int64_t> ints{g.levels, g.level_average ? 1 : 0, g.causal ? 1 : 0};
     std::vector<double> scales;
     for (int l = 0; l < g.levels; ++l) {
       ints.push_back(g.block[l]);
@@ -244,9 +259,10 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
     MlrRegionGeometry g;
     g.levels = int(ints[0]);
     g.level_average = ints[1] != 0;
+    g.causal = ints[2] != 0;
     for (int l = 0; l < g.levels; ++l) {
-      g.block[l] = ints[2 + 2 * l];
-      g.rank[l] = ints[3 + 2 * l];
+      g.block[l] = ints[3 + 2 * l];
+      g.rank[l] = ints[4 + 2 * l];
       g.scale[l] = scales[l];
     }
     return g;
@@ -257,7 +273,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
 
 bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q, int64_t seq_k, const at::Tensor& q,
                           MlrRegionGeometry* g) {
-  if (!opt.causal || seq_q != seq_k || seq_k == 0 || opt.segment_starts != nullptr || opt.num_segment_starts != 0 ||
+  if (seq_q != seq_k || seq_k == 0 || opt.segment_starts != nullptr || opt.num_segment_starts != 0 ||
       opt.segment_offsets != nullptr)
     return false;
   const bool cuda = q.is_cuda(), cpu = q.device().is_cpu();
@@ -274,7 +290,10 @@ bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q
   for (int l = 0; l + 1 < L; ++l)
     if (g->block[l] != 2 * g->block[l + 1]) return false;        // not dyadic: the general composition
   if (g->block[L - 1] < 1 || g->block[0] < seq_k) return false;  // positions past one level-1 block
+  // Non-causal: a query's sibling half-block must hold only real keys (no mask): seq == b_1.
+  if (!opt.causal && g->block[0] != seq_k) return false;
   g->levels = L;
+  g->causal = opt.causal;
   g->level_average = opt.level_average;
   for (int l = 0; l < L; ++l) {
     g->rank[l] = opt.ranks[l];

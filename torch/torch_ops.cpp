@@ -174,8 +174,8 @@ at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   validate(where, r.opt, d);
   const int64_t L = r.opt.num_levels, Nq = d.seqlen_q, Nk = d.seqlen_k;
   const at::Device dev = q.device();
-  // The common case (causal, the default dyadic blocks, seq within the context) without the
-  // T x T score matrices: dense attentions over key regions, merged by their lse (mlr_regions.h).
+  // The common case (the default dyadic blocks, seq within the context; non-causal: seq == context)
+  // without the T x T score matrices: dense attentions over key regions, merged by their lse (mlr_regions.h).
   if (MlrRegionGeometry g; use_mlr_regions() && mlr_regions_geometry(r.opt, d.head_dim, Nq, Nk, q, &g))
     return from_heads_first(mlr_regions_attention(heads_first(q, l), expand_heads(heads_first(k, l), d.heads_q),
                                                   expand_heads(heads_first(v, l), d.heads_q), g),

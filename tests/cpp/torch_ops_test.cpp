@@ -384,18 +384,20 @@ TEST(TorchOps, MlrAttentionEqualsTheKernelInFloat32) {
                          qkv_of(40, 40, 4, 2, 16, 16, "bshd", at::kFloat), kTol32);
 }
 
-// The fast case of the torch-ops path (torch/mlr_regions.h: causal, dyadic blocks within the
-// context, no segments) against the double reference, and against the general composition
-// (set_use_mlr_regions(false)) in bf16: awkward lengths (1, 7, 97, 1025: tiles that end mid-block,
-// levels with no second half), 1 to 6 levels, GQA, a context longer than the sequence, explicit
-// dyadic block sizes, averaging, 1/L, inv_sqrt_head_dim. The non-dyadic, non-causal, prefill and
-// past-the-context cases of mlr_cases() take the general composition and are checked above.
+// The fast case of the torch-ops path (torch/mlr_regions.h: dyadic blocks within the context, no
+// segments; non-causal with seq == context) against the double reference, and against the general
+// composition (set_use_mlr_regions(false)) in bf16: awkward lengths (1, 7, 97, 1025: tiles that end
+// mid-block, levels with no second half), 1 to 6 levels, GQA, a context longer than the sequence,
+// explicit dyadic block sizes, averaging, 1/L, inv_sqrt_head_dim, non-causal (8, 96, 336). The
+// non-dyadic, non-causal shorter than the context, prefill and past-the-context cases of
+// mlr_cases() take the general composition and are checked above.
 struct MlrRegionsCase {
   int64_t seq, hq, hkv;
   std::vector<int64_t> ranks, block_sizes;
   int64_t context;
   bool average, one_over_l;
   std::string scale;
+  bool causal = true;
 };
 
 TEST(TorchOps, MlrRegionsEqualTheReferenceAndTheComposition) {
@@ -407,13 +409,18 @@ TEST(TorchOps, MlrRegionsEqualTheReferenceAndTheComposition) {
       {97, 2, 2, {3, 2, 1, 1, 1, 1}, {}, 0, false, true, "inv_sqrt_head_dim"},
       {40, 2, 2, {4, 3, 1}, {64, 32, 16}, 0, false, false, "inv_rank"},
       {1025, 1, 1, {4, 2, 1, 1}, {}, 2048, true, false, "inv_rank"},
+      // non-causal with seq == context (the encoders' case): every tile attends to its sibling
+      {1, 2, 2, {3}, {}, 0, false, false, "inv_rank", false},
+      {8, 2, 1, {2, 2, 1}, {}, 0, true, false, "inv_rank", false},
+      {96, 2, 2, {4, 2, 1, 1}, {}, 96, false, true, "inv_sqrt_head_dim", false},
+      {336, 2, 2, {6, 2}, {336, 168}, 0, true, false, "inv_rank", false},
   };
   at::manual_seed(17);
   for (const MlrRegionsCase& c : cases) {
     SCOPED_TRACE("seq " + std::to_string(c.seq) + ", " + std::to_string(c.ranks.size()) + " levels");
     st::MlrArgs a;
     a.ranks = c.ranks, a.block_sizes = c.block_sizes, a.context = c.context;
-    a.level_average = c.average, a.divide_by_num_levels = c.one_over_l, a.scale = c.scale;
+    a.level_average = c.average, a.divide_by_num_levels = c.one_over_l, a.scale = c.scale, a.causal = c.causal;
     int64_t D = 0;
     for (int64_t r : c.ranks) D += r;
     const auto fn = [&](const auto& t) { return st::mlr_attention(t[0], t[1], t[2], a); };

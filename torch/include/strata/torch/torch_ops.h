@@ -45,8 +45,8 @@ class UseTorchOps {
   bool previous_;
 };
 
-// The torch-ops MLR path's fast case (an atomic; on by default): causal self-attention of the
-// default dyadic geometry as dense attentions over key regions merged by their lse, on torch's
+// The torch-ops MLR path's fast case (an atomic; on by default): self-attention of the default
+// dyadic geometry (causal, or non-causal with seq == context) as dense attentions over key regions merged by their lse, on torch's
 // fused kernels, instead of L dense seq x seq score matrices (torch/mlr_regions.h; CUDA float32,
 // CPU float32 / bf16 / float64). Off: always the general composition (tests compare the two).
 void set_use_mlr_regions(bool on);
@@ -75,7 +75,7 @@ at::Tensor paper_gswa_attention(const at::Tensor& q, const at::Tensor& k, const 
 // products c_l q_l k_l^T where the level's blocks (strata::mlr_block_starts: fixed, default,
 // segments, per sequence) agree, summed; 1/L, level averaging, causal and cross-segment masks;
 // softmax with empty rows as zeros; V dense. Materialises batch x heads x seq_q x seq_k, except
-// in the fast case of use_mlr_regions() (causal, seq_q == seq_k, dyadic blocks, no segments).
+// in the fast case of use_mlr_regions() (seq_q == seq_k, dyadic blocks, no segments).
 at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a);
 
 // strata::torch::structured_linear (strata/torch/structured.h): y = x M^T for every spec the core
