@@ -67,6 +67,20 @@ RegionForward region_forward(const at::Tensor& q, const at::Tensor& k, const at:
   return {o, lse, at::Tensor(), at::Tensor()};
 }
 
+// out (n x H x M x w) laid out as the region kernels' forward writes it: on CUDA the
+// memory-efficient forward's output is an n x M x H x w buffer seen as n x H x M x w, and its
+// backward reads out's rows with that stride (head_dim_value * num_heads, not out.stride(2):
+// PyTorch's kernel_backward.h, Params::o_strideM) where it computes D = rowsum(dO * O) itself.
+// A dense n x H x M x w out gives such kernels wrong rows of O: wrong dq / dk and reads past
+// the end (seen on an H200 in bf16: dq / dk errors 0.4-2.6, an illegal address; float32's
+// kernels took D from ATen, which reads any layout). The CPU kernel reads any layout.
+at::Tensor kernel_layout(const at::Tensor& out) {
+  if (!out.is_cuda()) return out.contiguous();
+  at::Tensor bmhk = at::empty({out.size(0), out.size(2), out.size(1), out.size(3)}, out.options());
+  bmhk.transpose(1, 2).copy_(out);
+  return bmhk.transpose(1, 2);
+}
+
 // dq, dk, dv of one region given the merged out and lse (laid out as region_forward's).
 std::array<at::Tensor, 3> region_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
@@ -221,7 +235,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
       // The merged lse and out in the kernel's layouts (lse rows padded to its width).
       at::Tensor lse_m = at::zeros({qc.size(0), qc.size(1), lse_width[i]}, lse.options());  // the kernels' lse type
       lse_m.narrow(2, 0, qt.size).copy_(gather_tiles(lse, qt).squeeze(-1));
-      const at::Tensor out_m = pad_last(gather_tiles(out, qt), vc.size(3)).contiguous();
+      const at::Tensor out_m = kernel_layout(pad_last(gather_tiles(out, qt), vc.size(3)));
       const at::Tensor dout_m = pad_last(gather_tiles(dout, qt), vc.size(3)).contiguous();
       RegionForward f;
       if (q.is_cuda()) f = {at::Tensor(), at::Tensor(), state.get(2 * i), state.get(2 * i + 1)};
@@ -278,9 +292,11 @@ bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q
     return false;
   const bool cuda = q.is_cuda(), cpu = q.device().is_cpu();
   const at::ScalarType t = q.scalar_type();
-  // CUDA: float32 only. On an H200 (torch 2.11.0+cu130) the memory-efficient kernel's bf16
-  // backward, given the merged out and lse, returned wrong dq / dk (dv and the forward right; the
-  // same calls in float32 right), and once an illegal address: bf16 / fp16 take the composition.
+  // CUDA: float32 only, the one dtype seen right on a GPU. On an H200 (torch 2.11.0+cu130) the
+  // memory-efficient kernel's bf16 backward returned wrong dq / dk (dv and the forward right) and
+  // once an illegal address, with out passed dense n x H x M x w; the cause found after the GPU
+  // was gone is kernel_layout's (out's row stride), now fixed but not yet run on a GPU: bf16 /
+  // fp16 keep the composition until tools/gpu_ops_check.py passes with them here.
   if (!(cuda && t == at::kFloat) && !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble))) return false;
   const int L = opt.num_levels;
   bool given = false;
