@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -204,7 +205,12 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--mlr-regions-half", action="store_true",
+                    help="let bf16 / fp16 MLR on CUDA take the regions path (STRATA_MLR_REGIONS_CUDA_HALF=1), "
+                         "to check it before it is made the default")
     a = ap.parse_args()
+    if a.mlr_regions_half:
+        os.environ["STRATA_MLR_REGIONS_CUDA_HALF"] = "1"  # read at the first MLR call, after this
     if a.device.startswith("cuda"):
         if not torch.cuda.is_available():
             print("gpu_ops_check: --device cuda but torch sees no CUDA device", file=sys.stderr)
@@ -214,7 +220,8 @@ def main() -> int:
         name = torch.cuda.get_device_name(0)
     else:
         name = "cpu"
-    res = {"device": name, "torch": torch.__version__, "strata": strata.info(), "cases": [], "timing": []}
+    res = {"device": name, "torch": torch.__version__, "strata": strata.info(), "cases": [], "timing": [],
+           "mlr_regions_half": a.mlr_regions_half}
     t0 = time.time()
     for label, fn, inputs in cases():
         for dtype in (torch.float32, torch.bfloat16):

@@ -24,7 +24,9 @@
 #include <torch/autograd.h>
 
 #include <array>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "binding_util.h"
@@ -297,7 +299,14 @@ bool mlr_regions_geometry(const MlrOptions& opt, int64_t head_dim, int64_t seq_q
   // once an illegal address, with out passed dense n x H x M x w; the cause found after the GPU
   // was gone is kernel_layout's (out's row stride), now fixed but not yet run on a GPU: bf16 /
   // fp16 keep the composition until tools/gpu_ops_check.py passes with them here.
-  if (!(cuda && t == at::kFloat) && !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble))) return false;
+  // STRATA_MLR_REGIONS_CUDA_HALF=1 lets them take it, for that check (tools/gpu_ops_check.py
+  // --mlr-regions-half), read once.
+  static const bool half_on_cuda = [] {
+    const char* e = std::getenv("STRATA_MLR_REGIONS_CUDA_HALF");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  const bool cuda_ok = t == at::kFloat || (half_on_cuda && (t == at::kBFloat16 || t == at::kHalf));
+  if (!(cuda && cuda_ok) && !(cpu && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble))) return false;
   const int L = opt.num_levels;
   bool given = false;
   for (int l = 0; l < L; ++l) given = given || opt.block_sizes[l] != 0;
