@@ -110,11 +110,16 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (d.seqlen_k == 0)  // no key: every row is empty (SDPA has no answer for it)
     return from_heads_first(at::zeros({d.batch, H, d.seqlen_q, d.head_dim_v}, q.options()), l);
 
-  // The allowed (query, key) pairs (strata/attention.h, "Mask"): batch|1 x 1 x seq_q x seq_k.
-  const auto [p, j] = positions(d.seqlen_q, d.seqlen_k, dev);
+  // The allowed (query, key) pairs (strata/attention.h, "Mask"): batch|1 x 1 x seq_q x seq_k. The
+  // positions only when a causal or window mask needs them (two kernels less per plain call).
+  // A square causal-only call builds no mask at all (SDPA's is_causal, below).
+  const bool causal_only = a.causal && d.seqlen_q == d.seqlen_k && a.window_left < 0 && a.window_right < 0 &&
+                           opt.key_padding_mask.data == nullptr && opt.bias.data == nullptr;
+  const bool positional = !causal_only && (a.causal || a.window_left >= 0 || a.window_right >= 0);
+  const auto [p, j] = positional ? positions(d.seqlen_q, d.seqlen_k, dev) : std::pair<at::Tensor, at::Tensor>{};
   at::Tensor allowed;
   const auto restrict_to = [&](const at::Tensor& m) { allowed = allowed.defined() ? allowed.bitwise_and(m) : m; };
-  if (a.causal) restrict_to(j.le(p));
+  if (a.causal && !causal_only) restrict_to(j.le(p));
   if (a.window_left >= 0 || a.window_right >= 0) {
     at::Tensor win = at::ones({d.seqlen_q, d.seqlen_k}, at::TensorOptions().dtype(at::kBool).device(dev));
     if (a.window_left >= 0) win = win.bitwise_and(j.ge(p - a.window_left));
@@ -138,9 +143,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                    kh = sdpa_operand(expand_heads(heads_first(k, l), H)),
                    vh = sdpa_operand(expand_heads(heads_first(v, l), H));
   at::Tensor out;
-  const bool causal_only = a.causal && d.seqlen_q == d.seqlen_k && a.window_left < 0 && a.window_right < 0 &&
-                           opt.key_padding_mask.data == nullptr && opt.bias.data == nullptr;
-  if (!allowed.defined() || causal_only) {
+  if (!allowed.defined()) {
     // No mask tensor: on CUDA, SDPA can then pick its flash / memory-efficient kernels (every row
     // has a key under a square causal mask, so the empty-row convention does not arise).
     out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal_only, scale);
