@@ -185,8 +185,11 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
     };
     const at::Tensor q = pad_seq(q_in), k = pad_seq(k_in), v = pad_seq(v_in);
     const auto acc = q.options().dtype(accumulation_type(q));
-    const double inf = std::numeric_limits<double>::infinity();
-    std::vector<at::Tensor> outs, lses;    // per level at full positions: B x H x Tp x dv, B x H x Tp x 1
+    // The running merge over levels at full positions (B x H x Tp x dv, B x H x Tp x 1); only each
+    // level's query tiles are read and rewritten (lse' = logaddexp(lse, l_m), out' = out e^(lse -
+    // lse') + o_m e^(l_m - lse')), so no level costs a pass over the whole sequence.
+    at::Tensor out = at::zeros({B, H, Tp, dv}, acc);
+    at::Tensor lse = at::full({B, H, Tp, 1}, -std::numeric_limits<double>::infinity(), acc);
     std::vector<at::Tensor> kernel_state;  // per level: philox seed, offset (CUDA; empty on the CPU)
     std::vector<int64_t> lse_width;        // per level: the kernel's lse rows (CUDA pads them)
     for (int m = 0; m < g.levels; ++m) {
@@ -195,19 +198,16 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
       const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt);
       const RegionForward f =
           region_forward(qm.contiguous(), km.contiguous(), vm.contiguous(), g.causal && m == g.levels - 1);
-      at::Tensor o = at::zeros({B, H, Tp, dv}, acc), l = at::full({B, H, Tp, 1}, -inf, acc);
-      scatter_tiles(o, f.out.narrow(3, 0, dv).to(acc.dtype()), qt, false);
-      scatter_tiles(l, f.lse.narrow(2, 0, qt.size).unsqueeze(-1).to(acc.dtype()), qt, false);
-      outs.push_back(o);
-      lses.push_back(l);
+      const at::Tensor o_m = f.out.narrow(3, 0, dv).to(acc.dtype());
+      const at::Tensor l_m = f.lse.narrow(2, 0, qt.size).unsqueeze(-1).to(acc.dtype());
+      const at::Tensor o_run = gather_tiles(out, qt), l_run = gather_tiles(lse, qt);
+      const at::Tensor l_new = at::logaddexp(l_run, l_m);  // finite: l_m is
+      scatter_tiles(out, o_run * at::exp(l_run - l_new) + o_m * at::exp(l_m - l_new), qt, false);
+      scatter_tiles(lse, l_new, qt, false);
       kernel_state.push_back(f.seed.defined() ? f.seed : at::empty({0}));
       kernel_state.push_back(f.offset.defined() ? f.offset : at::empty({0}));
       lse_width.push_back(f.lse.size(2));
     }
-    // Every position < Tp lies in one of the last level's tiles, so no row of lse is -inf.
-    const at::Tensor lse = at::logsumexp(at::stack(lses), 0);  // B x H x Tp x 1
-    at::Tensor out = at::zeros({B, H, Tp, dv}, acc);
-    for (size_t i = 0; i < outs.size(); ++i) out.add_(outs[i] * at::exp(lses[i] - lse));
     const at::Tensor out_q = out.to(q.scalar_type());
     ctx->save_for_backward({q, k, v, out_q, lse});
     ctx->saved_data["T"] = T;
