@@ -319,20 +319,28 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
     return y.reshape({BH, M, B, y.size(2)});
   };
   const at::Tensor qb = blocks(q), kb = blocks(k), vb = blocks(v);
-  const at::Tensor pos = at::arange(P, real.dtype(at::kLong));
-  const at::Tensor valid = pos.ge(front).bitwise_and(pos.lt(front + N)).reshape({M, B});  // token m*B+j is real
-  const at::Tensor key_ok = valid.reshape({1, M, 1, B});                                  // [k][.][i]
-  const at::Tensor w = valid.to(q.scalar_type()).t().reshape({1, B, M, 1});               // query weight at [j][l]
-  const at::Tensor qT = qb.transpose(1, 2);                                               // [j][l] x D
-  at::Tensor am = qb, c = at::ones({BH, M, B}, real);
+  // The padding masks only where there is padding (P > N): unpadded calls (the common case) skip
+  // their kernels, as they skip c = 1 at the first step (a GPU runs these small steps launch-bound).
+  const bool padded = P > N;
+  at::Tensor key_ok, w;  // [k][.][i] real keys; query weights at [j][l] (padded calls only)
+  if (padded) {
+    const at::Tensor pos = at::arange(P, real.dtype(at::kLong));
+    const at::Tensor valid = pos.ge(front).bitwise_and(pos.lt(front + N)).reshape({M, B});  // token m*B+j is real
+    key_ok = valid.reshape({1, M, 1, B});
+    w = valid.to(q.scalar_type()).t().reshape({1, B, M, 1});
+  }
+  const at::Tensor qT = qb.transpose(1, 2);  // [j][l] x D
+  at::Tensor am = qb, c;                     // c undefined: 1 (the first step)
   for (int64_t t = 0;; ++t) {
     // R-step: R_k[j, i] = softmax_i(sc * a[k,j].k_{kB+i} / c[k,j]) over block k's real keys.
-    const at::Tensor s =
-        (at::matmul(am, kb.transpose(-1, -2)) * sc / c.unsqueeze(-1)).masked_fill(key_ok.bitwise_not(), -kInf);
+    at::Tensor s = at::matmul(am, kb.transpose(-1, -2));
+    s = c.defined() ? s * (sc / c).unsqueeze(-1) : s * sc;
+    if (padded) s = s.masked_fill(key_ok.bitwise_not(), -kInf);
     const at::Tensor logR = at::log_softmax(s, -1), R = logR.exp();
     const at::Tensor al = (at::matmul(R, kb) * sc).transpose(1, 2);  // [j][k] x D
     // R log R with 0 log 0 = 0 (padded keys), without a NaN gradient through the -inf.
-    const at::Tensor cl = (R * logR.masked_fill(key_ok.bitwise_not(), 0.0)).sum(-1).transpose(1, 2);  // [j][k]
+    const at::Tensor cl =
+        (R * (padded ? logR.masked_fill(key_ok.bitwise_not(), 0.0) : logR)).sum(-1).transpose(1, 2);  // [j][k]
     // L-step: L_j[l, k] = softmax_k(q_{lB+j}.al[j,k] - cl[j,k]).
     const at::Tensor Lm = at::softmax(at::matmul(qT, al.transpose(-1, -2)) - cl.unsqueeze(-2), -1);  // [j][l][k]
     if (t + 1 == opt.num_steps) {
@@ -340,7 +348,7 @@ at::Tensor monarch_attention(const at::Tensor& q, const at::Tensor& k, const at:
       const at::Tensor o = at::matmul(Lm, y).transpose(1, 2).reshape({d.batch, Hq, P, d.head_dim_v});
       return from_heads_first(o.narrow(2, front, N), l);
     }
-    const at::Tensor Lw = Lm * w;
+    const at::Tensor Lw = padded ? Lm * w : Lm;
     am = at::matmul(Lw.transpose(-1, -2), qT).transpose(1, 2);  // [k][j] x D
     c = Lw.sum(-2).transpose(1, 2);                             // [k][j]
   }

@@ -585,7 +585,7 @@ TEST(TorchOps, MonarchAttentionEqualsTheReferenceInFloat64) {
   for (const std::string layout : {"bshd", "bhsd"})
     for (const Case c : {Case{1, 1, 0, post, {}, 2, 2}, Case{7, 1, 3, post, {}, 2, 2}, Case{7, 2, 3, pre, 0.8, 4, 2},
                          Case{97, 3, 0, post, {}, 2, 1}, Case{97, 2, 10, pre, {}, 2, 2}, Case{13, 2, 1, post, {}, 2, 2},
-                         Case{13, 2, 200, post, 1.3, 2, 2}}) {
+                         Case{13, 2, 200, post, 1.3, 2, 2}, Case{16, 3, 4, post, {}, 2, 2}}) {
       SCOPED_TRACE(layout + " n=" + std::to_string(c.n) + " T=" + std::to_string(c.steps) +
                    " B=" + std::to_string(c.block) + (c.pad == pre ? " pre" : " post"));
       st::MonarchArgs a;
