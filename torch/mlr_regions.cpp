@@ -164,12 +164,14 @@ int64_t prefix_rank(const MlrRegionGeometry& g, int m) {
   return r;
 }
 
-// Level m's operands, tiled and padded: (q'_m query tiles, k'_m key tiles, v key tiles).
+// Level m's operands, tiled and padded: (q'_m query tiles, k'_m key tiles, v key tiles); scale is
+// level_query_scale's (made once per level and pass: on a GPU each is a host-to-device copy).
 std::array<at::Tensor, 3> level_operands(const MlrRegionGeometry& g, int m, const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const Tiles& qt, const Tiles& kt) {
+                                         const at::Tensor& v, const Tiles& qt, const Tiles& kt,
+                                         const at::Tensor& scale) {
   const int64_t R = prefix_rank(g, m);
   const int64_t w = padded_width(q.is_cuda(), R, v.size(3));
-  const at::Tensor qs = q.narrow(3, 0, R) * level_query_scale(g, m, q.options());
+  const at::Tensor qs = q.narrow(3, 0, R) * scale;
   return {pad_last(gather_tiles(qs, qt), w), pad_last(gather_tiles(k.narrow(3, 0, R), kt), w),
           pad_last(gather_tiles(v, kt), w)};
 }
@@ -195,7 +197,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
     for (int m = 0; m < g.levels; ++m) {
       const auto [qt, kt] = level_tiles(g, m, T);
       if (qt.count == 0) continue;
-      const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt);
+      const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt, level_query_scale(g, m, q.options()));
       const RegionForward f =
           region_forward(qm.contiguous(), km.contiguous(), vm.contiguous(), g.causal && m == g.levels - 1);
       const at::Tensor o_m = f.out.narrow(3, 0, dv).to(acc.dtype());
@@ -232,7 +234,8 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
       const auto [qt, kt] = level_tiles(g, m, T);
       if (qt.count == 0) continue;
       const bool causal = g.causal && m == g.levels - 1;
-      const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt);
+      const at::Tensor scale = level_query_scale(g, m, q.options());
+      const auto [qm, km, vm] = level_operands(g, m, q, k, v, qt, kt, scale);
       const at::Tensor qc = qm.contiguous(), kc = km.contiguous(), vc = vm.contiguous();
       // The merged lse and out in the kernel's layouts (lse rows padded to its width).
       at::Tensor lse_m = at::zeros({qc.size(0), qc.size(1), lse_width[i]}, lse.options());  // the kernels' lse type
@@ -243,7 +246,7 @@ struct MlrRegionsFunction : public ::torch::autograd::Function<MlrRegionsFunctio
       if (q.is_cuda()) f = {at::Tensor(), at::Tensor(), state.get(2 * i), state.get(2 * i + 1)};
       const auto [gq, gk, gv] = region_backward(dout_m, qc, kc, vc, out_m, lse_m, f, causal);
       const int64_t R = prefix_rank(g, m);
-      scatter_tiles(dq, (gq.narrow(3, 0, R) * level_query_scale(g, m, gq.options())).to(acc.dtype()), qt, true);
+      scatter_tiles(dq, (gq.narrow(3, 0, R) * scale).to(acc.dtype()), qt, true);
       scatter_tiles(dk, gk.narrow(3, 0, R).to(acc.dtype()), kt, true);
       scatter_tiles(dvv, gv.narrow(3, 0, dv).to(acc.dtype()), kt, true);
       ++i;

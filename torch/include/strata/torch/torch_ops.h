@@ -46,9 +46,10 @@ class UseTorchOps {
 };
 
 // The torch-ops MLR path's fast case (an atomic; on by default): self-attention of the default
-// dyadic geometry (causal, or non-causal with seq == context) as dense attentions over key regions merged by their lse, on torch's
-// fused kernels, instead of L dense seq x seq score matrices (torch/mlr_regions.h; CUDA float32,
-// CPU float32 / bf16 / float64). Off: always the general composition (tests compare the two).
+// dyadic geometry (causal, or non-causal with seq == context) as dense attentions over key regions
+// merged by their lse, on torch's fused kernels, instead of L dense seq x seq score matrices
+// (torch/mlr_regions.h; CUDA float32, CPU float32 / bf16 / float64). Off: always the general
+// composition (tests compare the two).
 void set_use_mlr_regions(bool on);
 bool use_mlr_regions();
 
