@@ -708,13 +708,15 @@ void structured_backward(const StructuredSpec& spec, const TensorView& x, const 
     p.dx_rs = dx.stride[0];
     p.dx_cs = dx.stride[1];
   }
-  // Per-thread gradient accumulators, laid out like plan.weights.
-  const int threads = get_num_threads();
+  // Per-work-item gradient accumulators (structured_grad_items), laid out like plan.weights.
   std::vector<float> grads;
   if (want_dw) {
     p.weight_grads = true;
     p.grad_stride = int64_t(plan.weights.size());
-    grads.assign(size_t(threads) * plan.weights.size(), 0.f);
+    const int64_t tile_rows = cpu::structured_tile_tokens(p.max_width);
+    p.grad_items = cpu::structured_grad_items((p.rows + tile_rows - 1) / tile_rows, p.grad_stride,
+                                         get_num_threads());
+    grads.assign(size_t(p.grad_items) * plan.weights.size(), 0.f);
     for (size_t l = 0; l < plan.levels.size(); ++l) {
       StructuredLevelParams& lp = plan.levels[l];
       if (lp.right.w) lp.right.dw = grads.data() + plan.stages[2 * l].w_off;
@@ -724,7 +726,7 @@ void structured_backward(const StructuredSpec& spec, const TensorView& x, const 
   }
   if (x.shape[0] > 0 && (want_dx || want_dw)) STRATA_ACTIVE_KERNELS(kStructuredKernels).backward(p);
   if (!want_dw) return;
-  for (int t = 1; t < threads; ++t)
+  for (int64_t t = 1; t < p.grad_items; ++t)  // in item order
     for (size_t i = 0; i < plan.weights.size(); ++i) grads[i] += grads[size_t(t) * plan.weights.size() + i];
 
   size_t fi = 0;

@@ -3,6 +3,7 @@
 // already converted to contiguous fp32 (they are small next to rows x width); read by every ISA
 // variant of src/cpu/kernels/structured.inc.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "core/dispatch.h"
@@ -72,9 +73,12 @@ struct StructuredParams {
   int64_t dx_rs = 0, dx_cs = 0;
   int num_levels = 0;
   const StructuredLevelParams* levels = nullptr;
-  // backward: per-thread factor-gradient accumulators are the levels' dw pointers offset by
-  // tid * grad_stride floats (the entry point zeroes num_threads * grad_stride floats and sums).
+  // backward: the row tiles are cut into grad_items contiguous ranges (structured_grad_items); item
+  // i walks its range in order, adding its factor gradients to the levels' dw pointers offset by
+  // i * grad_stride floats; the entry point zeroes grad_items * grad_stride floats and sums the
+  // items in order (a fixed summation order: the same bits on every call).
   int64_t grad_stride = 0;
+  int64_t grad_items = 1;
   bool weight_grads = false;
   // Saved right-stage outputs (optional): tile t's block of z_tile floats holds, for each level with
   // a right stage, its n_out x T output tile at z_off. The forward writes them when z_save is set;
@@ -92,6 +96,16 @@ struct StructuredParams {
 // all ISAs (the saved layout depends on it).
 inline int64_t structured_tile_tokens(int64_t max_width) {
   return max_width <= 4096 ? 64 : max_width <= 8192 ? 32 : 16;
+}
+
+// Work items of a backward with factor gradients over `tiles` row tiles: each keeps its own
+// accumulators of `grad_floats` floats, summed in item order, so the count must not depend on
+// which thread runs what. max(32, 2 x threads) items (the same for every thread count up to 16,
+// enough for the dynamic hand-out to even out the threads), at most one per tile, and the
+// accumulators within max(64 MB, threads x grad_floats floats) (what one per thread took).
+inline int64_t structured_grad_items(int64_t tiles, int64_t grad_floats, int threads) {
+  const int64_t by_memory = std::max<int64_t>(threads, (int64_t(64) << 20) / std::max<int64_t>(1, grad_floats * 4));
+  return std::max<int64_t>(1, std::min({tiles, std::max<int64_t>(32, 2 * int64_t(threads)), by_memory}));
 }
 
 // The family's entry points, one table per ISA (src/cpu/kernels/structured.inc defines it).
