@@ -714,8 +714,7 @@ void structured_backward(const StructuredSpec& spec, const TensorView& x, const 
     p.weight_grads = true;
     p.grad_stride = int64_t(plan.weights.size());
     const int64_t tile_rows = cpu::structured_tile_tokens(p.max_width);
-    p.grad_items = cpu::structured_grad_items((p.rows + tile_rows - 1) / tile_rows, p.grad_stride,
-                                         get_num_threads());
+    p.grad_items = cpu::structured_grad_items((p.rows + tile_rows - 1) / tile_rows, get_num_threads());
     grads.assign(size_t(p.grad_items) * plan.weights.size(), 0.f);
     for (size_t l = 0; l < plan.levels.size(); ++l) {
       StructuredLevelParams& lp = plan.levels[l];

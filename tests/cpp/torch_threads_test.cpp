@@ -130,7 +130,7 @@ std::vector<at::Tensor> outputs_and_grads(const std::vector<at::Tensor>& inputs,
 }
 
 // Every call and both pools: the same bits, for each thread count (and across thread counts when
-// `across_threads`: the structured operators, and attention with batch x heads >= 4 x threads,
+// `across_threads`: Monarch, and attention with batch x heads >= 4 x threads,
 // where the backward does not split a head's key tiles; core/key_splits.inc). Before the backward
 // bodies summed in a fixed order, dQ (dense, MLR) and the structured factor gradients came from
 // whichever key tile / row tile a thread finished first, and differed in the last bits from call to
@@ -200,14 +200,14 @@ TEST(TorchThreads, GradientsAreTheSameBitsOnEveryCall) {
       return strata::torch::monarch_attention(t[0], t[1], t[2], m);
     });
   }
-  // 4096 rows: 64 row tiles of 64; the work items do not depend on the thread count up to 16
+  // 4096 rows: 64 row tiles of 64
   for (const strata::StructuredSpec& spec :
        {strata::btt_spec(strata::btt_factorize(256, 256)), strata::low_rank_spec(192, 160, 24),
         strata::mlr_spec(256, {16, 8, 8}), strata::monarch_spec(256, 16), strata::block_diagonal_spec(256, 256, 4),
         strata::kronecker_spec(16, 12, 16, 16)}) {
     std::vector<at::Tensor> inputs = {at::randn({4096, spec.in})};
     for (const auto& shape : strata::structured_factor_shapes(spec)) inputs.push_back(at::randn(shape) * 0.1);
-    expect_same_bits_everywhere(spec.name.c_str(), inputs, true, [&spec](const std::vector<at::Tensor>& t) {
+    expect_same_bits_everywhere(spec.name.c_str(), inputs, false, [&spec](const std::vector<at::Tensor>& t) {
       return strata::torch::structured_linear(spec, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
     });
   }
