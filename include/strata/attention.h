@@ -71,8 +71,9 @@
 // backward still writes zeros to dk, dv of the others).
 // Limit: with a causal, window or global mask the keys in reach must number < 2^24 (the forward
 // kernel compares positions in fp32); more throw strata::Error naming 'k'.
-// Threads: parallel over (batch, output head, query tile) forward and (batch, kv head, key tile)
-// backward.
+// Threads: parallel over (batch, output head, query tile) forward and over (batch, kv head, range of
+// key tiles) backward, every sum in an order fixed by the shapes and the thread count: repeated
+// calls give the same bits (src/core/key_splits.inc).
 #pragma once
 #include <cmath>
 #include <cstdint>

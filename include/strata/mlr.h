@@ -75,7 +75,8 @@
 // L = 1 with one block holding every key and query (no segments; causal, or seqlen_q <= seqlen_k)
 // is dense attention with scale c_1: both passes then run the dense kernel (strata/attention.h),
 // so the numbers are exactly that kernel's.
-// Threads: parallel over (batch, head, query tile) forward, (batch, kv head, key tile) backward.
+// Threads: parallel over (batch, head, query tile) forward, (batch, kv head, range of key tiles)
+// backward; repeated calls give the same bits for the same thread count (src/core/key_splits.inc).
 #pragma once
 #include <cstdint>
 #include <initializer_list>

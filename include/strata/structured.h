@@ -122,6 +122,8 @@ int64_t structured_rank(const StructuredSpec& spec);
 std::vector<bool> structured_plan(const StructuredSpec& spec);
 
 // ---- Kernels (CPU, fp32 math, threads over row tiles) --------------------------------------
+// The backward's factor gradients: one accumulator per thread, each thread a fixed set of row
+// tiles, summed in thread order: repeated calls give the same bits for the same thread count.
 // Floats a training forward may save for its backward: every level's right-stage output over the
 // rows, in the kernel's tile layout (0 when no level has a right stage). Saving costs memory (about
 // rows x inner floats per level) and spares the backward recomputing the right stages (for a BTT,
