@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -18,6 +19,7 @@
 
 #include "strata/error.h"
 #include "strata/torch/attention.h"
+#include "strata/torch/mlr.h"
 #include "torch_test_util.h"
 
 namespace {
@@ -309,6 +311,30 @@ TEST(TorchAttention, FullyMaskedRowsAreZeroWithZeroGrad) {
       const at::Tensor lse = std::get<1>(st::attention_forward(q, k, v, a));
       EXPECT_TRUE((lse[1] == -std::numeric_limits<float>::infinity()).all().item<bool>());
     }
+  }
+}
+
+// No keys at all (seq_k = 0), dense and MLR, through autograd: zeros out, zero dq, empty dk / dv.
+// (The backward's work-item split once computed 0 splits here and asked for a buffer of -1 dQ
+// sizes: "cannot create std::vector larger than max_size()".)
+TEST(TorchAttention, NoKeysGiveZerosAndZeroGradients) {
+  at::manual_seed(9);
+  const at::Tensor q = at::randn({2, 5, 3, 8}), k = at::randn({2, 0, 3, 8}), v = at::randn({2, 0, 3, 8});
+  st::MlrArgs m;
+  m.ranks = {4, 4};
+  m.causal = false;
+  m.context = 8;
+  const std::vector<std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>> ops = {
+      [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) { return st::attention(x, y, z, {}); },
+      [&m](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) { return st::mlr_attention(x, y, z, m); }};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    SCOPED_TRACE(i == 0 ? "attention" : "mlr_attention");
+    const auto got = out_and_grads([&](auto& x, auto& y, auto& z) { return ops[i](x, y, z); }, q, k, v,
+                                   at::ones({2, 5, 3, 8}));
+    EXPECT_EQ(got[0].abs().max().item<double>(), 0.0);
+    EXPECT_EQ(got[1].abs().max().item<double>(), 0.0);
+    EXPECT_EQ(got[2].numel(), 0);
+    EXPECT_EQ(got[3].numel(), 0);
   }
 }
 
