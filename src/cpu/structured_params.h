@@ -101,8 +101,8 @@ inline int64_t structured_tile_tokens(int64_t max_width) {
 // Work items of a backward with factor gradients over `tiles` row tiles: one per thread (at most
 // one per tile), item i walking tiles i, i + items, i + 2 items, ... in order (the threads work on
 // neighbouring tiles at the same time, as the dynamic hand-out of single tiles had them), each with
-// its own accumulators of `grad_floats` floats, summed in item order: the same bits for the same
-// thread count. More items per thread (each with its own, cold accumulators, zeroed and summed once)
+// its own factor-gradient accumulators, summed in item order: the same bits for the same thread
+// count. More items per thread (each with its own, cold accumulators, zeroed and summed once)
 // made the BTT s=1 backward 5-11% slower at D = 1024 / 4096 (in-process A/B, AMD EPYC, 2 threads),
 // one per thread 0-5% slower than the dynamic hand-out (within the machine's noise at D = 4096).
 inline int64_t structured_grad_items(int64_t tiles, int threads) {
