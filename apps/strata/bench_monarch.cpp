@@ -18,8 +18,9 @@
 // fp32 tolerance 1e-4 on max|diff| / max|ref|; a row over it prints its per-head errors. (The torch-
 // ops check ran in fp32 before: 3 of ~500 smoke runs beside a busy process on Xeons failed it at
 // 2.0e-4; in the one that printed both checks, ours matched the double reference on head 0 to
-// 9e-7, and ours was bitwise the same in 3000 loaded calls: docs/results.md, threads.) Informational: ours vs exact softmax attention
-// (SDPA) in max_rel_err of every row (and "rel_err_vs_exact_softmax").
+// 9e-7, and ours was bitwise the same in 3000 loaded calls: docs/results.md, threads.)
+// Informational: ours vs exact softmax attention (SDPA) in max_rel_err of every row (and
+// "rel_err_vs_exact_softmax").
 // FLOPs: the core's counts (strata/monarch.h, strata/attention.h). Monarch forward:
 // strata::monarch_attention_flops, 2 x P*D*[T*(2B + 2M) + B] MACs per (batch, head) for D = Dv,
 // over the PADDED length P = M*B: the paper's N*D*[...] where B divides N (N = 256, 1024, 4096,
@@ -97,8 +98,10 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
   const auto print_head_errors = [&](const char* what, const at::Tensor& ours, const at::Tensor& ref) {
     const double mx = ref.abs().max().item<double>();
     std::string line;
-    for (int64_t h = 0; h < heads; ++h)
-      line += fmt::format(" {:.1e}", (ours.select(1, h).to(at::kDouble) - ref.select(1, h)).abs().max().item<double>() / mx);
+    for (int64_t h = 0; h < heads; ++h) {
+      const at::Tensor d = ours.select(1, h).to(at::kDouble) - ref.select(1, h);
+      line += fmt::format(" {:.1e}", d.abs().max().item<double>() / mx);
+    }
     fmt::print("  {} vs torch ops (f64) per head:{}\n", what, line);
   };
   // Checks of ours (per T) on the outputs of its last timed call. `ours_out` = o or (dq, dk, dv).
