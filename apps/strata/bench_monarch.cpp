@@ -7,10 +7,14 @@
 // B = floor(sqrt(N)) (the paper's benchmarks), M = ceil(N / B) blocks. Per N two groups, each
 // timed by the bench harness (bench_harness.h: one warm-up, rounds in ABBA order over ours for
 // T = 1 and T = 2 and the two peers; the check reads what the last timed calls wrote):
-//   fwd  ours = monarch_attention_forward (no saved state); peers: strata.flash forward, SDPA
-//   bwd  the backward op alone: ours = monarch_attention_backward given the forward's saved state
+//   fwd  ours = strata::torch::monarch_attention_forward (no saved state); peers: strata.flash forward, SDPA
+//   bwd  the backward op alone: ours = strata::torch::monarch_attention_backward given the forward's saved state
 //        (T = 2; nothing to save for T = 1); strata.flash attention_backward from its (o, lse);
 //        SDPA: torch::autograd::grad on a graph built once (retain_graph)
+// Ours goes through the LibTorch layer, as a user's call and the strata.flash peer do, so its outputs
+// are allocated as theirs are (before 2026-12-05: the core into a plain at::empty). No timed call
+// faults its output in: the CLI keeps freed memory and warms the heap first (session.h, warm_heap);
+// before, a 12 MB output faulted in took 4-20 ms of a 10 ms Monarch call (docs/results.md).
 // Correctness (Monarch is an approximation, so against Monarch references), on the outputs of
 // ours' last timed call for each T: ours vs the same algorithm written with torch ops in float64
 // (the peer monarch_attention, strata/torch/peers.h, all heads; its autograd for dq, dk, dv) and,
@@ -56,6 +60,7 @@
 #include "strata/error.h"
 #include "strata/monarch.h"
 #include "strata/torch/attention.h"
+#include "strata/torch/monarch.h"
 #include "strata/torch/peers.h"
 
 namespace strata::app {
@@ -80,9 +85,12 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
   dense_args.layout = "bhsd";
   const size_t S = steps_list.size();
   std::vector<MonarchOptions> opts(S);
+  std::vector<strata::torch::MonarchArgs> args(S);  // the same options for the LibTorch calls
   for (size_t s = 0; s < S; ++s) {
     opts[s].num_steps = steps_list[s];
     opts[s].layout = Layout::BHSD;
+    args[s].num_steps = steps_list[s];
+    args[s].layout = "bhsd";
   }
   const MonarchGeometry g = monarch_geometry(N, opts[0]);
   AttnDims dims;  // of every call: batch 1, self-attention, D = Dv
@@ -164,29 +172,19 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
       kg = k.detach().requires_grad_(true);
       vg = v.detach().requires_grad_(true);
       o_graph = at::scaled_dot_product_attention(qg, kg, vg);
-      for (size_t s = 0; s < S; ++s) {
-        if (steps_list[s] < 2) continue;
-        const at::Tensor o_tmp = at::empty(sizes);
-        states[s] = at::empty({1, heads, steps_list[s] - 1, g.padded_len, kHeadDim});
-        monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(o_tmp, "o"), tv(states[s], "state"),
-                                  opts[s]);
-      }
+      for (size_t s = 0; s < S; ++s)
+        if (steps_list[s] >= 2) states[s] = std::get<1>(strata::torch::monarch_attention_forward(q, k, v, args[s]));
     }
     for (size_t s = 0; s < S; ++s) {
       const std::string name = fmt::format("strata.monarch T={}", steps_list[s]);
       if (!backward) {
         fns.push_back({name, [&, s] {
-          ours_out[s] = {at::empty(sizes)};
-          monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(ours_out[s][0], "o"), TensorView{},
-                                    opts[s]);
+          ours_out[s] = {std::get<0>(strata::torch::monarch_attention_forward(q, k, v, args[s], /*save_state=*/false))};
         }});
       } else {
         fns.push_back({name, [&, s] {
-          ours_out[s] = {at::empty(sizes), at::empty(sizes), at::empty(sizes)};
-          const TensorView state = states[s].defined() ? tv(states[s], "state") : TensorView{};
-          monarch_attention_backward(tv(q, "q"), tv(k, "k"), tv(v, "v"), state, tv(dout, "dout"),
-                                     tv(ours_out[s][0], "dq"), tv(ours_out[s][1], "dk"), tv(ours_out[s][2], "dv"),
-                                     opts[s]);
+          const auto [dq, dk, dv] = strata::torch::monarch_attention_backward(q, k, v, states[s], dout, args[s]);
+          ours_out[s] = {dq, dk, dv};
         }});
       }
     }
@@ -299,9 +297,13 @@ void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<in
   std::vector<at::Tensor> o(S), o32(S);
   at::Tensor o_dense, o_sdpa;
   std::vector<BenchMethod> fns;  // ours for each T, ours compute = fp32 for each T, strata.flash, torch.sdpa
+  // Through the LibTorch layer, as a user calls it (its output allocation included, as the peers')
   const auto monarch = [&](const MonarchOptions& mo, at::Tensor& out) {
-    out = at::empty(sizes, at::kBFloat16);
-    monarch_attention_forward(tv(q, "q"), tv(k, "k"), tv(v, "v"), tv(out, "o"), TensorView{}, mo);
+    strata::torch::MonarchArgs a;
+    a.num_steps = mo.num_steps;
+    a.layout = "bhsd";
+    a.compute = compute_name(mo.compute);
+    out = std::get<0>(strata::torch::monarch_attention_forward(q, k, v, a, /*save_state=*/false));
   };
   for (size_t s = 0; s < S; ++s)
     fns.push_back({fmt::format("strata.monarch T={}", steps_list[s]), [&, s] { monarch(opts[s], o[s]); }});

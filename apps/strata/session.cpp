@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "strata/cpu.h"
 #include "strata/error.h"
@@ -26,6 +27,18 @@ bool keep_freed_memory() {
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr) return false;
   const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;  // glibc's largest on 64-bit
   return mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1 && ok;
+}
+
+void warm_heap(int64_t bytes) {
+  constexpr size_t kBlock = size_t(16) << 20;  // under keep_freed_memory's 32 MB mmap threshold: from the heap
+  std::vector<void*> blocks;
+  for (int64_t done = 0; done < bytes; done += int64_t(kBlock)) {
+    void* p = std::malloc(kBlock);
+    if (p == nullptr) break;  // less warmth, not an error
+    std::memset(p, 1, kBlock);  // not 0: malloc + memset(0) may be folded into a calloc that touches nothing
+    blocks.push_back(p);
+  }
+  for (void* p : blocks) std::free(p);
 }
 
 int configure_threads(int requested) {
