@@ -13,6 +13,7 @@
 #include <string>
 
 #include "commands.h"
+#include "process_memory.h"
 #include "session.h"
 #include "strata/cpu.h"
 #include "strata/error.h"

@@ -1,13 +1,16 @@
 // tests/cpp/bench_harness_test.cpp: the bench harness (apps/strata/bench_harness.h), torch-free:
 // ABBA order, the check on what the last timed call wrote, the test hook, the round counts and
-// the paired-ratio statistics.
+// the paired-ratio statistics; the process memory settings of the timing benches.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "apps/strata/bench_harness.h"
+#include "apps/strata/process_memory.h"
 #include "strata/error.h"
 
 namespace strata::app {
@@ -125,6 +128,33 @@ TEST(BenchHarness, QuantileIsLinearBetweenOrderStatistics) {
   EXPECT_DOUBLE_EQ(quantile({1, 2, 3, 4}, 1), 4);
   EXPECT_DOUBLE_EQ(quantile({7}, 0.25), 7);
   EXPECT_THROW(quantile({1, 2}, 1.5), strata::Error);
+}
+
+// After warm_heap a block under the mmap threshold comes from pages already mapped: writing all of
+// a 12 MB block faults (almost) nothing in, where a cold heap faults its 3072 pages. Guards the
+// warming itself: with memset(p, 0, ...) the compiler folded malloc + memset into a calloc that
+// touched nothing, and every bench round faulted again. Each gtest case runs in its own process
+// (gtest_discover_tests), so this one starts from a cold heap.
+TEST(ProcessMemory, WarmHeapServesALaterBlockWithoutFaults) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan's allocator ignores glibc's malloc settings";
+#endif
+  if (!keep_freed_memory()) GTEST_SKIP() << "malloc settings come from the environment";
+  warm_heap(int64_t(64) << 20);
+  const auto minor_faults = [] {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_minflt;
+  };
+  const size_t n = size_t(12) << 20;
+  const long before = minor_faults();
+  char* p = static_cast<char*>(std::malloc(n));
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 7, n);
+  const long faults = minor_faults() - before;
+  EXPECT_EQ(p[n - 1], 7);
+  std::free(p);
+  EXPECT_LT(faults, 64) << "a 12 MB block written after warm_heap faulted " << faults << " pages in";
 }
 
 }  // namespace
