@@ -12,16 +12,16 @@ namespace strata::app {
 // under glibc's own heuristics whether a call's fresh output was faulted in depended on what the
 // call before it had freed (a 10 ms Monarch forward at N = 4096 took 13-19 ms after another one in
 // a Python loop, 10 ms after the dense peer: docs/results.md, MonarchAttention), noise the 200 ms
-// peers hid. Skipped when the user tunes malloc (GLIBC_TUNABLES with glibc.malloc.*, or MALLOC_MMAP_THRESHOLD_
-// / MALLOC_TRIM_THRESHOLD_). Returns whether it applied.
+// peers hid. Skipped when the user tunes malloc (GLIBC_TUNABLES with glibc.malloc.*, or
+// MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_). Returns whether it applied.
 bool keep_freed_memory();
 
 // For the benches, after keep_freed_memory(): touches `bytes` of heap and frees it, so that the
 // heap's free top holds that much resident memory and the timed calls' fresh outputs (under 32 MB)
 // are carved from pages already mapped, from the first round on, whatever order the methods
 // allocate and free in. Why: on a fresh heap the first rounds each faulted in some method's output
-// (12 MB: ~4 ms in 4 KB pages, 18-20 ms in 2 MB pages on the Xeon VM of 2026-12-05), which decided
-// a 10 ms call's median.
+// (a 12 MB output: 4-5 ms in 4 KB pages, 2-22 ms in 2 MB pages on the Xeon VM of 2026-12-05),
+// which decided a 10 ms call's median.
 void warm_heap(int64_t bytes);
 
 }  // namespace strata::app
