@@ -14,7 +14,7 @@
 // Ours goes through the LibTorch layer, as a user's call and the strata.flash peer do, so its outputs
 // are allocated as theirs are (before 2026-12-05: the core into a plain at::empty). No timed call
 // faults its output in: the CLI keeps freed memory and warms the heap first (process_memory.h);
-// before, a 12 MB output faulted in took 4-20 ms of a 10 ms Monarch call (docs/results.md).
+// before, faulting a 12 MB output in added 2-22 ms to a 10 ms Monarch call (docs/results.md).
 // Correctness (Monarch is an approximation, so against Monarch references), on the outputs of
 // ours' last timed call for each T: ours vs the same algorithm written with torch ops in float64
 // (the peer monarch_attention, strata/torch/peers.h, all heads; its autograd for dq, dk, dv) and,

@@ -131,6 +131,8 @@ int main(int argc, char** argv) {
     const bool timing_bench = *bench && !*bench_memory;
     if (*train || *eval || *generate || *experiment || *embed || *convert || timing_bench) {
       const bool kept = keep_freed_memory();
+      // 512 MB: many times the outputs under 32 MB that a bench group holds at once (N = 4096, 12 heads:
+      // 12 MB each), so every timed call's come from warmed pages
       if (timing_bench && kept) warm_heap(int64_t(512) << 20);
     }
     if (*info) return run_info(info_opt);

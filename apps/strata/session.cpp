@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
-
 #include "strata/cpu.h"
 #include "strata/error.h"
 #include "strata/threading.h"
