@@ -75,6 +75,15 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 TensorView tv(const at::Tensor& t, const char* arg) { return strata::torch::view_of(t, "bench monarch", arg); }
 
+// The LibTorch layer's arguments for the core options mo (this bench's: steps, BHSD, compute).
+strata::torch::MonarchArgs torch_args(const MonarchOptions& mo) {
+  strata::torch::MonarchArgs a;
+  a.num_steps = mo.num_steps;
+  a.layout = "bhsd";
+  a.compute = compute_name(mo.compute);
+  return a;
+}
+
 // One N: the forward group and the backward group (see the file comment).
 void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
            const TimingPlan& plan) {
@@ -85,12 +94,11 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
   dense_args.layout = "bhsd";
   const size_t S = steps_list.size();
   std::vector<MonarchOptions> opts(S);
-  std::vector<strata::torch::MonarchArgs> args(S);  // the same options for the LibTorch calls
+  std::vector<strata::torch::MonarchArgs> args(S);  // the same, for the LibTorch calls (made once, not per call)
   for (size_t s = 0; s < S; ++s) {
     opts[s].num_steps = steps_list[s];
     opts[s].layout = Layout::BHSD;
-    args[s].num_steps = steps_list[s];
-    args[s].layout = "bhsd";
+    args[s] = torch_args(opts[s]);
   }
   const MonarchGeometry g = monarch_geometry(N, opts[0]);
   AttnDims dims;  // of every call: batch 1, self-attention, D = Dv
@@ -179,7 +187,8 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
       const std::string name = fmt::format("strata.monarch T={}", steps_list[s]);
       if (!backward) {
         fns.push_back({name, [&, s] {
-          ours_out[s] = {std::get<0>(strata::torch::monarch_attention_forward(q, k, v, args[s], /*save_state=*/false))};
+          ours_out[s] = {
+              std::get<0>(strata::torch::monarch_attention_forward(q, k, v, args[s], /*save_state=*/false))};
         }});
       } else {
         fns.push_back({name, [&, s] {
@@ -298,17 +307,19 @@ void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<in
   at::Tensor o_dense, o_sdpa;
   std::vector<BenchMethod> fns;  // ours for each T, ours compute = fp32 for each T, strata.flash, torch.sdpa
   // Through the LibTorch layer, as a user calls it (its output allocation included, as the peers')
-  const auto monarch = [&](const MonarchOptions& mo, at::Tensor& out) {
-    strata::torch::MonarchArgs a;
-    a.num_steps = mo.num_steps;
-    a.layout = "bhsd";
-    a.compute = compute_name(mo.compute);
+  std::vector<strata::torch::MonarchArgs> args(S), args32(S);  // made once, not per timed call
+  for (size_t s = 0; s < S; ++s) {
+    args[s] = torch_args(opts[s]);
+    args32[s] = torch_args(opts32[s]);
+  }
+  const auto monarch = [&](const strata::torch::MonarchArgs& a, at::Tensor& out) {
     out = std::get<0>(strata::torch::monarch_attention_forward(q, k, v, a, /*save_state=*/false));
   };
   for (size_t s = 0; s < S; ++s)
-    fns.push_back({fmt::format("strata.monarch T={}", steps_list[s]), [&, s] { monarch(opts[s], o[s]); }});
+    fns.push_back({fmt::format("strata.monarch T={}", steps_list[s]), [&, s] { monarch(args[s], o[s]); }});
   for (size_t s = 0; s < S; ++s)
-    fns.push_back({fmt::format("strata.monarch T={} compute=fp32", steps_list[s]), [&, s] { monarch(opts32[s], o32[s]); }});
+    fns.push_back(
+        {fmt::format("strata.monarch T={} compute=fp32", steps_list[s]), [&, s] { monarch(args32[s], o32[s]); }});
   fns.push_back({"strata.flash", [&] { o_dense = std::get<0>(strata::torch::attention_forward(q, k, v, dense_args)); }});
   fns.push_back({"torch.sdpa", [&] { o_sdpa = at::scaled_dot_product_attention(q, k, v); }});
 
