@@ -62,6 +62,12 @@ inline VF vneginf_to_zero(VF x) {
   return {_mm512_mask_mov_ps(x.v, _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
                              _mm512_setzero_ps())};
 }
+// a / b lane by lane (IEEE division: the scalar quotient's bits).
+inline VF vdiv(VF a, VF b) { return {_mm512_div_ps(a.v, b.v)}; }
+// a where c > 0, else b.
+inline VF vselect_pos(VF c, VF a, VF b) {
+  return {_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(c.v, _mm512_setzero_ps(), _CMP_GT_OQ), a.v)};
+}
 // s where key j is allowed for the lane's query ((lo <= j <= hi) or j <= ghi), else -inf.
 // Non-temporal store of a vector to a 64-byte-aligned p (one whole cache line: written without
 // reading it first); vstream_fence orders the calling thread's streamed stores before its later ones.
@@ -122,6 +128,10 @@ inline VF vraise(VF a, VF b, float slack) {
 inline VF vneginf_to_zero(VF x) {
   return {_mm256_blendv_ps(x.v, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))};
 }
+inline VF vdiv(VF a, VF b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline VF vselect_pos(VF c, VF a, VF b) {
+  return {_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(c.v, _mm256_setzero_ps(), _CMP_GT_OQ))};
+}
 inline void vstream(float* p, VF a) { _mm256_stream_ps(p, a.v); }  // p 32-byte aligned
 inline void vstream_fence() { _mm_sfence(); }
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
@@ -149,6 +159,8 @@ inline float vreduce_add(VF a) { return a.v; }
 inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
 inline VF vraise(VF a, VF b, float slack) { return {b.v > a.v + slack ? b.v : a.v}; }
 inline VF vneginf_to_zero(VF x) { return {x.v == -INFINITY ? 0.f : x.v}; }
+inline VF vdiv(VF a, VF b) { return {a.v / b.v}; }
+inline VF vselect_pos(VF c, VF a, VF b) { return {c.v > 0.f ? a.v : b.v}; }
 inline void vstream(float* p, VF a) { *p = a.v; }
 inline void vstream_fence() {}
 inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
