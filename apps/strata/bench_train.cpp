@@ -10,7 +10,9 @@
 //                the same loss and gradients: that is the check.
 //   attn T=256   the attention of one layer alone (SelfAttention forward + backward on a fixed
 //                input), mha vs sdpa; x layers / step time = the attention's share of a step.
-//   step / attn T=1024  MLR, 8 levels 32|8|6|4|4|4|4|2 with level averaging (ours) against
+//   op T=256     the attention op alone (SelfAttention::attend on fixed q, k, v: no projections),
+//                forward + backward, mha vs sdpa: the kernels' part of the attention block.
+//   step / attn / op T=1024  MLR, 8 levels 32|8|6|4|4|4|4|2 with level averaging (ours) against
 //                standard attention (strata's mha: the "peer" here), batch 8: the MLR target rows.
 //                Checked: finite, deterministic loss (the two models differ by design).
 #include <fmt/format.h>
@@ -101,6 +103,32 @@ AttnPart attn_part(StepModel& m, int64_t batch, int64_t T, int64_t width) {
   return p;
 }
 
+// The attention op of layer 0 alone (attend: no projections), forward + backward on fixed q, k, v
+// (batch x T x H x d).
+struct AttnOp {
+  models::SelfAttentionImpl* attn = nullptr;
+  at::Tensor q, k, v, out;
+  void run() {
+    at::Tensor qi = q.detach().requires_grad_(true), ki = k.detach().requires_grad_(true),
+               vi = v.detach().requires_grad_(true);
+    out = attn->attend(qi, ki, vi);
+    out.sum().backward();
+  }
+};
+
+AttnOp attn_op(StepModel& m, int64_t batch, int64_t T) {
+  auto* dec = dynamic_cast<models::DecoderImpl*>(&m.task->model());
+  STRATA_CHECK(dec, "bench train: the task's model is not a decoder");
+  AttnOp o;
+  o.attn = dec->block(0).attn.get();
+  const int64_t H = dec->config.heads, d = dec->config.width / H;
+  const auto opt = at::TensorOptions().dtype(at::kFloat);
+  o.q = at::randn({batch, T, H, d}, opt);
+  o.k = at::randn({batch, T, H, d}, opt);
+  o.v = at::randn({batch, T, H, d}, opt);
+  return o;
+}
+
 struct Pair {
   std::string label, ours_attn, peer_attn;
   int64_t T, batch;
@@ -188,6 +216,34 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
   if (!pr.same_model)
     targets.push_back({fmt::format("{}: attention fwd+bwd speedup over {} (>=)", pr.label, row.peer), 1.1,
                        arow.speedup.median});
+
+  // The attention op alone (no projections): the kernels' part of the block (informational).
+  AttnOp oo = attn_op(ours, pr.batch, pr.T), op = attn_op(peer, pr.batch, pr.T);
+  op.q = oo.q;
+  op.k = oo.k;
+  op.v = oo.v;
+  std::vector<BenchMethod> ofns = {{"ours", [&] { oo.run(); }}, {"peer", [&] { op.run(); }}};
+  bool ook = false;
+  const auto ocheck = [&] { ook = oo.out.defined() && at::isfinite(oo.out).all().item<bool>(); };
+  const auto osecs = run_timed_group(ofns, plan, ocheck, CorruptFn()).secs;
+  BenchRow orow;
+  orow.case_name = "attention op fwd+bwd";
+  orow.method = row.method;
+  orow.peer = row.peer;
+  orow.shape = row.shape;
+  orow.shape_label = fmt::format("{} attend(q, k, v), 1 layer", pr.label);
+  orow.dtype = "float32";
+  orow.checked_against = "finite output (each layer kind is checked against its reference in the tests)";
+  orow.correct = ook;
+  orow.flops = 3.0 * (oo.attn->forward_flops(pr.T) - oo.attn->projection_flops(pr.T)) * pr.batch;
+  orow.peer_flops = 3.0 * (op.attn->forward_flops(pr.T) - op.attn->projection_flops(pr.T)) * pr.batch;
+  set_row_times(orow, osecs[0], osecs[1]);
+  const double oshare = layers * orow.ours.median_s / step_ours, oshare_peer = layers * orow.peer_time.median_s / step_peer;
+  orow.extra = {{"share_of_step", oshare}, {"peer_share_of_step", oshare_peer}};
+  rep.rows.push_back(orow);
+  print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
+                       fmt::format("the op ~{:.0f}% of ours' step, {:.0f}% of the peer's; FLOP ratio {:.2f}", 100 * oshare,
+                                   100 * oshare_peer, orow.peer_flops.value_or(orow.flops) / orow.flops));
 }
 
 }  // namespace
