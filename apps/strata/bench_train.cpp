@@ -135,16 +135,46 @@ struct Pair {
   bool same_model;  // peer = ours with torch SDPA: losses and gradients must agree
 };
 
+// Times ours vs peer (each a part with run() and its output `out`: AttnPart, AttnOp), checks that
+// ours' output is finite, and appends the row (case_name, the step row's method / peer / shape),
+// with its share of each model's step (layers x its time / the step's time) in extra.
+template <class Part>
+const BenchRow& attention_row(BenchReport& rep, const TimingPlan& plan, const BenchRow& step_row, Part& ours,
+                              Part& peer, const std::string& case_name, const std::string& label, double flops,
+                              double peer_flops, int64_t layers, double step_ours, double step_peer) {
+  std::vector<BenchMethod> fns = {{"ours", [&] { ours.run(); }}, {"peer", [&] { peer.run(); }}};
+  bool ok = false;
+  const auto check = [&] { ok = ours.out.defined() && at::isfinite(ours.out).all().template item<bool>(); };
+  const auto secs = run_timed_group(fns, plan, check, CorruptFn()).secs;
+  BenchRow r;
+  r.case_name = case_name;
+  r.method = step_row.method;
+  r.peer = step_row.peer;
+  r.shape = step_row.shape;
+  r.shape_label = label;
+  r.dtype = "float32";
+  r.checked_against = "finite output (each layer kind is checked against its reference in the tests)";
+  r.correct = ok;
+  r.flops = flops;
+  r.peer_flops = peer_flops;
+  set_row_times(r, secs[0], secs[1]);
+  r.extra = {{"share_of_step", layers * r.ours.median_s / step_ours},
+             {"peer_share_of_step", layers * r.peer_time.median_s / step_peer}};
+  rep.rows.push_back(r);
+  return rep.rows.back();
+}
+
 void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const TimingPlan& plan,
               std::vector<BenchTarget>& targets) {
-  const std::vector<std::string> common = {"data.context=" + std::to_string(pr.T), "train.batch=" + std::to_string(pr.batch),
-                                           "train.threads=0"};
+  const std::vector<std::string> common = {"data.context=" + std::to_string(pr.T),
+                                           "train.batch=" + std::to_string(pr.batch), "train.threads=0"};
   auto sets_with = [&](const std::string& attn) {
     auto s = common;
     s.push_back("model.attention=" + attn);
     return s;
   };
-  StepModel ours = make_step_model(size, sets_with(pr.ours_attn)), peer = make_step_model(size, sets_with(pr.peer_attn));
+  StepModel ours = make_step_model(size, sets_with(pr.ours_attn)),
+            peer = make_step_model(size, sets_with(pr.peer_attn));
   const auto* dec = dynamic_cast<models::DecoderImpl*>(&ours.task->model());
   const int64_t width = dec->config.width, layers = dec->config.layers, heads = dec->config.heads;
   const double tokens = double(pr.batch * pr.T);
@@ -153,7 +183,8 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
   double loss_ours_first = 0;
   train_step(ours, pr.batch);
   loss_ours_first = ours.loss;
-  std::vector<BenchMethod> fns = {{"ours", [&] { train_step(ours, pr.batch); }}, {"peer", [&] { train_step(peer, pr.batch); }}};
+  std::vector<BenchMethod> fns = {{"ours", [&] { train_step(ours, pr.batch); }},
+                                  {"peer", [&] { train_step(peer, pr.batch); }}};
   double err = 0;
   bool ok = false;
   const auto check = [&] {
@@ -182,74 +213,48 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
   set_row_times(row, secs[0], secs[1]);
   row.extra = {{"tokens_per_s", tokens / row.ours.median_s}, {"peer_tokens_per_s", tokens / row.peer_time.median_s}};
   rep.rows.push_back(row);
-  print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
-                       fmt::format("{:.0f} vs {:.0f} tokens/s", tokens / row.ours.median_s, tokens / row.peer_time.median_s));
+  print_peer_table_row(
+      rep.rows.back(), rep.peak.all_gflops,
+      fmt::format("{:.0f} vs {:.0f} tokens/s", tokens / row.ours.median_s, tokens / row.peer_time.median_s));
   const double step_ours = row.ours.median_s, step_peer = row.peer_time.median_s;
   targets.push_back({fmt::format("{}: whole step speedup over {} (>=)", pr.label, row.peer), pr.same_model ? 1.2 : 1.0,
                      row.speedup.median});
 
-  // The attention alone (layer 0, x layers for the share).
+  // The attention block alone (layer 0, x layers for the share), then its op alone.
+  const auto flops = [&](const models::SelfAttentionImpl& a, bool block) {
+    return 3.0 * (a.forward_flops(pr.T) - (block ? 0.0 : a.projection_flops(pr.T))) * pr.batch;
+  };
   AttnPart ao = attn_part(ours, pr.batch, pr.T, width), ap = attn_part(peer, pr.batch, pr.T, width);
   ap.x = ao.x;
-  std::vector<BenchMethod> afns = {{"ours", [&] { ao.run(); }}, {"peer", [&] { ap.run(); }}};
-  bool aok = false;
-  const auto acheck = [&] { aok = ao.out.defined() && at::isfinite(ao.out).all().item<bool>(); };
-  const auto asecs = run_timed_group(afns, plan, acheck, CorruptFn()).secs;
-  BenchRow arow;
-  arow.case_name = "attention fwd+bwd";
-  arow.method = row.method;
-  arow.peer = row.peer;
-  arow.shape = row.shape;
-  arow.shape_label = fmt::format("{} attention, 1 layer", pr.label);
-  arow.dtype = "float32";
-  arow.checked_against = "finite output (each layer kind is checked against its reference in the tests)";
-  arow.correct = aok;
-  arow.flops = 3.0 * ao.attn->forward_flops(pr.T) * pr.batch;
-  arow.peer_flops = 3.0 * ap.attn->forward_flops(pr.T) * pr.batch;
-  set_row_times(arow, asecs[0], asecs[1]);
-  const double share_ours = layers * arow.ours.median_s / step_ours, share_peer = layers * arow.peer_time.median_s / step_peer;
-  arow.extra = {{"share_of_step", share_ours}, {"peer_share_of_step", share_peer}};
-  rep.rows.push_back(arow);
-  print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
-                       fmt::format("attention ~{:.0f}% of ours' step, {:.0f}% of the peer's", 100 * share_ours,
-                                   100 * share_peer));
+  const BenchRow& arow = attention_row(rep, plan, row, ao, ap, "attention fwd+bwd", pr.label + " attention, 1 layer",
+                                       flops(*ao.attn, true), flops(*ap.attn, true), layers, step_ours, step_peer);
+  print_peer_table_row(arow, rep.peak.all_gflops,
+                       fmt::format("attention ~{:.0f}% of ours' step, {:.0f}% of the peer's",
+                                   100 * arow.extra.at("share_of_step").get<double>(),
+                                   100 * arow.extra.at("peer_share_of_step").get<double>()));
   if (!pr.same_model)
-    targets.push_back({fmt::format("{}: attention fwd+bwd speedup over {} (>=)", pr.label, row.peer), 1.1,
-                       arow.speedup.median});
+    targets.push_back(
+        {fmt::format("{}: attention fwd+bwd speedup over {} (>=)", pr.label, row.peer), 1.1, arow.speedup.median});
 
-  // The attention op alone (no projections): the kernels' part of the block (informational).
   AttnOp oo = attn_op(ours, pr.batch, pr.T), op = attn_op(peer, pr.batch, pr.T);
   op.q = oo.q;
   op.k = oo.k;
   op.v = oo.v;
-  std::vector<BenchMethod> ofns = {{"ours", [&] { oo.run(); }}, {"peer", [&] { op.run(); }}};
-  bool ook = false;
-  const auto ocheck = [&] { ook = oo.out.defined() && at::isfinite(oo.out).all().item<bool>(); };
-  const auto osecs = run_timed_group(ofns, plan, ocheck, CorruptFn()).secs;
-  BenchRow orow;
-  orow.case_name = "attention op fwd+bwd";
-  orow.method = row.method;
-  orow.peer = row.peer;
-  orow.shape = row.shape;
-  orow.shape_label = fmt::format("{} attend(q, k, v), 1 layer", pr.label);
-  orow.dtype = "float32";
-  orow.checked_against = "finite output (each layer kind is checked against its reference in the tests)";
-  orow.correct = ook;
-  orow.flops = 3.0 * (oo.attn->forward_flops(pr.T) - oo.attn->projection_flops(pr.T)) * pr.batch;
-  orow.peer_flops = 3.0 * (op.attn->forward_flops(pr.T) - op.attn->projection_flops(pr.T)) * pr.batch;
-  set_row_times(orow, osecs[0], osecs[1]);
-  const double oshare = layers * orow.ours.median_s / step_ours, oshare_peer = layers * orow.peer_time.median_s / step_peer;
-  orow.extra = {{"share_of_step", oshare}, {"peer_share_of_step", oshare_peer}};
-  rep.rows.push_back(orow);
-  print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
-                       fmt::format("the op ~{:.0f}% of ours' step, {:.0f}% of the peer's; FLOP ratio {:.2f}", 100 * oshare,
-                                   100 * oshare_peer, orow.peer_flops.value_or(orow.flops) / orow.flops));
+  const BenchRow& orow =
+      attention_row(rep, plan, row, oo, op, "attention op fwd+bwd", pr.label + " attend(q, k, v), 1 layer",
+                    flops(*oo.attn, false), flops(*op.attn, false), layers, step_ours, step_peer);
+  print_peer_table_row(orow, rep.peak.all_gflops,
+                       fmt::format("the op ~{:.0f}% of ours' step, {:.0f}% of the peer's; FLOP ratio {:.2f}",
+                                   100 * orow.extra.at("share_of_step").get<double>(),
+                                   100 * orow.extra.at("peer_share_of_step").get<double>(),
+                                   orow.peer_flops.value_or(orow.flops) / orow.flops));
 }
 
 }  // namespace
 
 CLI::App* add_bench_train(CLI::App& bench, BenchTrainOptions& o) {
-  CLI::App* cmd = bench.add_subcommand("train", "Training step of the char-LM decoder: strata vs plain LibTorch (SDPA)");
+  CLI::App* cmd =
+      bench.add_subcommand("train", "Training step of the char-LM decoder: strata vs plain LibTorch (SDPA)");
   cmd->add_flag("--smoke", o.smoke, "the smoke size, 3 rounds (for tests)");
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
                            "timed rounds per group (ABBA order) after one warm-up (default 7, 3 with --smoke)");
