@@ -6,6 +6,7 @@
 #include <ostream>
 
 #include "strata/error.h"
+#include "strata/torch/mlp.h"
 
 namespace strata::models {
 
@@ -45,7 +46,10 @@ void MlpImpl::reset() {
   proj = register_module("proj", ::torch::nn::Linear(::torch::nn::LinearOptions(hidden, width).bias(bias)));
 }
 
-at::Tensor MlpImpl::forward(const at::Tensor& x) { return proj(at::gelu(fc(x))); }
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  if (fused) return strata::torch::gelu_mlp(x, fc->weight, fc->bias, proj->weight, proj->bias);
+  return proj(at::gelu(fc(x)));
+}
 
 std::vector<std::pair<std::string, MupRole>> MlpImpl::mup_roles() const {
   return {{"proj.weight", MupRole::output(hidden)}};
@@ -107,7 +111,11 @@ void DecoderImpl::reset() {
   drop = register_module("drop", ::torch::nn::Dropout(c.dropout));
   blocks = register_module("blocks", ::torch::nn::ModuleList());
   const AttentionGeometry g{c.width, c.heads, c.context, /*causal=*/true, c.bias, c.qk_layernorm};
-  for (const LayerAttentionSpec& s : layer_specs) blocks->push_back(Block(s, g, 4 * c.width, c.dropout));
+  for (const LayerAttentionSpec& s : layer_specs) {
+    Block b(s, g, 4 * c.width, c.dropout);
+    b->mlp->fused = c.fused_mlp;
+    blocks->push_back(b);
+  }
   ln_f = register_module("ln_f", Norm(c.width, c.bias));
   const int64_t out = c.vocab_size > 0 ? c.vocab_size : c.output_dim;
   // ref's lm_head has no bias; the read-out follows `bias`.

@@ -57,7 +57,8 @@ class Norm : public ::torch::nn::ModuleHolder<NormImpl> {
   using Impl = NormImpl;
 };
 
-// The MLP of a block: proj(GELU(fc(x))), width -> hidden -> width. Roles: fc hidden, proj output.
+// The MLP of a block: proj(GELU(fc(x))) (exact erf GELU), width -> hidden -> width. Roles: fc
+// hidden, proj output.
 class MlpImpl : public ::torch::nn::Cloneable<MlpImpl>, public strata::torch::MupDeclaring {
  public:
   MlpImpl(int64_t width, int64_t hidden, bool bias);
@@ -67,6 +68,10 @@ class MlpImpl : public ::torch::nn::Cloneable<MlpImpl>, public strata::torch::Mu
   double forward_flops(int64_t T) const;    // 2 T (width hidden) x 2
   int64_t width, hidden;
   bool bias;
+  // The fused kernel (strata::torch::gelu_mlp: one call each way, the hidden activations in cache)
+  // or, false, the three ATen ops (Linear, GELU, Linear: bench train's plain-LibTorch peer). The same
+  // parameters and math either way.
+  bool fused = true;
   ::torch::nn::Linear fc{nullptr}, proj{nullptr};
 };
 class Mlp : public ::torch::nn::ModuleHolder<MlpImpl> {
@@ -103,6 +108,7 @@ struct DecoderConfig {
   int64_t input_dim = 0, output_dim = 1;   // regression: read_in Linear(input_dim -> width), head width -> output_dim
   int64_t width = 128, layers = 4, heads = 4, context = 256;
   bool bias = false, qk_layernorm = false;
+  bool fused_mlp = true;                   // MlpImpl::fused of every block
   double dropout = 0;
   std::string attention = "mha";           // pattern (models/layer_attention.h)
 };

@@ -56,7 +56,11 @@ void ForecasterImpl::reset() {
   pos_emb = register_module("pos_emb", ::torch::nn::Embedding(N, c.width));
   drop = register_module("drop", ::torch::nn::Dropout(c.dropout));
   blocks = register_module("blocks", ::torch::nn::ModuleList());
-  for (const LayerAttentionSpec& s : layer_specs) blocks->push_back(Block(s, encoder_geometry(c, N), c.ffn, c.dropout));
+  for (const LayerAttentionSpec& s : layer_specs) {
+    Block b(s, encoder_geometry(c, N), c.ffn, c.dropout);
+    b->mlp->fused = c.fused_mlp;
+    blocks->push_back(b);
+  }
   ln_f = register_module("ln_f", Norm(c.width, c.bias));
   head = register_module(
       "head", ::torch::nn::Linear(::torch::nn::LinearOptions(N * c.width, point ? c.horizon * c.channels : c.horizon).bias(c.bias)));

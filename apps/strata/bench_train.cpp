@@ -1,10 +1,12 @@
 // apps/strata/bench_train.cpp: `strata bench train`: training throughput of the char-LM decoder
-// (models/decoder.h) with strata's attention against the same model with plain LibTorch SDPA as its
-// attention, in the same process, plus the attention's share of the step (issue 12, item 4).
+// (models/decoder.h) with strata's attention and fused MLP against the same model built from plain
+// LibTorch ops (SDPA as its attention; Linear, GELU, Linear as its MLP), in the same process, plus
+// the attention's and the MLP's shares of the step (issue 12, item 4).
 //
 // Groups (each through the bench harness: warm-up, ABBA rounds, check of the last timed calls):
 //   step T=256   one training step (forward, backward, AdamW) of configs/charlm.toml's cpu size,
-//                attention "mha" (ours) vs "sdpa" (peer). The optimizer's lr is 0, so every call
+//                attention "mha" and the fused MLP (ours) vs "sdpa" and model.fused_mlp = false
+//                (peer: plain LibTorch). The optimizer's lr is 0, so every call
 //                sees the same weights and the two models (identical random parameters: same seed,
 //                same structure; not the muP init, whose zero outputs hide the attention) must give
 //                the same loss and gradients: that is the check.
@@ -12,6 +14,8 @@
 //                input), mha vs sdpa; x layers / step time = the attention's share of a step.
 //   op T=256     the attention op alone (SelfAttention::attend on fixed q, k, v: no projections),
 //                forward + backward, mha vs sdpa: the kernels' part of the attention block.
+//   mlp T=256    the MLP of one layer alone (forward + backward on a fixed input and output
+//                gradient), fused vs three ATen ops.
 //   step / attn / op T=1024  MLR, 8 levels 32|8|6|4|4|4|4|2 with level averaging (ours) against
 //                standard attention (strata's mha: the "peer" here), batch 8: the MLR target rows.
 //                Checked: finite, deterministic loss (the two models differ by design).
@@ -129,6 +133,28 @@ AttnOp attn_op(StepModel& m, int64_t batch, int64_t T) {
   return o;
 }
 
+// The MLP of layer 0 alone: forward + backward on a fixed input and output gradient (batch x T x
+// width).
+struct MlpPart {
+  models::MlpImpl* mlp = nullptr;
+  at::Tensor x, dy, out;
+  void run() {
+    at::Tensor xi = x.detach().requires_grad_(true);
+    out = mlp->forward(xi);
+    out.backward(dy);
+  }
+};
+
+MlpPart mlp_part(StepModel& m, int64_t batch, int64_t T, int64_t width) {
+  auto* dec = dynamic_cast<models::DecoderImpl*>(&m.task->model());
+  STRATA_CHECK(dec, "bench train: the task's model is not a decoder");
+  MlpPart p;
+  p.mlp = dec->block(0).mlp.get();
+  p.x = at::randn({batch, T, width}, at::TensorOptions().dtype(at::kFloat));
+  p.dy = at::randn({batch, T, width}, at::TensorOptions().dtype(at::kFloat));
+  return p;
+}
+
 struct Pair {
   std::string label, ours_attn, peer_attn;
   int64_t T, batch;
@@ -173,8 +199,9 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
     s.push_back("model.attention=" + attn);
     return s;
   };
-  StepModel ours = make_step_model(size, sets_with(pr.ours_attn)),
-            peer = make_step_model(size, sets_with(pr.peer_attn));
+  auto peer_sets = sets_with(pr.peer_attn);
+  if (pr.same_model) peer_sets.push_back("model.fused_mlp=false");  // the plain-LibTorch model
+  StepModel ours = make_step_model(size, sets_with(pr.ours_attn)), peer = make_step_model(size, peer_sets);
   const auto* dec = dynamic_cast<models::DecoderImpl*>(&ours.task->model());
   const int64_t width = dec->config.width, layers = dec->config.layers, heads = dec->config.heads;
   const double tokens = double(pr.batch * pr.T);
@@ -199,7 +226,7 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
   BenchRow row;
   row.case_name = "train step";
   row.method = "strata " + pr.ours_attn;
-  row.peer = pr.same_model ? "libtorch sdpa" : "strata " + pr.peer_attn;
+  row.peer = pr.same_model ? "plain libtorch (sdpa)" : "strata " + pr.peer_attn;
   row.shape = {{"batch", pr.batch}, {"T", pr.T}, {"width", width}, {"layers", layers}, {"heads", heads}};
   row.shape_label = fmt::format("{} B={} T={} D={} L={}", pr.label, pr.batch, pr.T, width, layers);
   row.dtype = "float32";
@@ -248,6 +275,18 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
                                    100 * orow.extra.at("share_of_step").get<double>(),
                                    100 * orow.extra.at("peer_share_of_step").get<double>(),
                                    orow.peer_flops.value_or(orow.flops) / orow.flops));
+
+  if (!pr.same_model) return;  // (both models' MLPs are the fused one)
+  MlpPart mo = mlp_part(ours, pr.batch, pr.T, width), mp = mlp_part(peer, pr.batch, pr.T, width);
+  mp.x = mo.x;
+  mp.dy = mo.dy;
+  const double mlp_flops = 3.0 * mo.mlp->forward_flops(pr.T) * pr.batch;
+  const BenchRow& mrow = attention_row(rep, plan, row, mo, mp, "mlp fwd+bwd", pr.label + " mlp, 1 layer", mlp_flops,
+                                       mlp_flops, layers, step_ours, step_peer);
+  print_peer_table_row(mrow, rep.peak.all_gflops,
+                       fmt::format("fused vs Linear, GELU, Linear: ~{:.0f}% of ours' step, {:.0f}% of the peer's",
+                                   100 * mrow.extra.at("share_of_step").get<double>(),
+                                   100 * mrow.extra.at("peer_share_of_step").get<double>()));
 }
 
 }  // namespace

@@ -64,6 +64,8 @@ inline VF vneginf_to_zero(VF x) {
 }
 // a / b lane by lane (IEEE division: the scalar quotient's bits).
 inline VF vdiv(VF a, VF b) { return {_mm512_div_ps(a.v, b.v)}; }
+// |a| lane by lane (the sign bit cleared; NaN stays NaN).
+inline VF vabs(VF a) { return {_mm512_abs_ps(a.v)}; }
 // a where c > 0, else b.
 inline VF vselect_pos(VF c, VF a, VF b) {
   return {_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(c.v, _mm512_setzero_ps(), _CMP_GT_OQ), a.v)};
@@ -129,6 +131,7 @@ inline VF vneginf_to_zero(VF x) {
   return {_mm256_blendv_ps(x.v, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))};
 }
 inline VF vdiv(VF a, VF b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline VF vabs(VF a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.f), a.v)}; }
 inline VF vselect_pos(VF c, VF a, VF b) {
   return {_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(c.v, _mm256_setzero_ps(), _CMP_GT_OQ))};
 }
@@ -160,6 +163,7 @@ inline VF vexp2(VF x) { return {std::exp2(x.v)}; }
 inline VF vraise(VF a, VF b, float slack) { return {b.v > a.v + slack ? b.v : a.v}; }
 inline VF vneginf_to_zero(VF x) { return {x.v == -INFINITY ? 0.f : x.v}; }
 inline VF vdiv(VF a, VF b) { return {a.v / b.v}; }
+inline VF vabs(VF a) { return {std::fabs(a.v)}; }
 inline VF vselect_pos(VF c, VF a, VF b) { return {c.v > 0.f ? a.v : b.v}; }
 inline void vstream(float* p, VF a) { *p = a.v; }
 inline void vstream_fence() {}

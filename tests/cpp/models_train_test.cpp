@@ -327,6 +327,25 @@ TEST(Models, GradientsOfEveryEncoderKindMatchFiniteDifferences) {
 
 // ---- the mlr and sdpa layers against their references -----------------------------------------
 
+// The blocks' MLP as the fused kernel (the default) and as three ATen ops: the same function.
+TEST(Models, MlpFusedOrNot) {
+  at::manual_seed(2);
+  sm::Mlp mlp(32, 128, true);
+  const at::Tensor x = at::randn({4, 9, 32}).requires_grad_();
+  mlp->fused = true;
+  const at::Tensor yf = mlp->forward(x);
+  yf.sum().backward();
+  const at::Tensor gf = x.grad().clone(), wf = mlp->fc->weight.grad().clone();
+  x.grad().zero_();
+  mlp->zero_grad();
+  mlp->fused = false;
+  const at::Tensor yu = mlp->forward(x);
+  yu.sum().backward();
+  EXPECT_LT(rel_err(yf.detach().to(at::kDouble), yu.detach().to(at::kDouble)), 2e-5);
+  EXPECT_LT(rel_err(gf.to(at::kDouble), x.grad().to(at::kDouble)), 2e-5);
+  EXPECT_LT(rel_err(wf.to(at::kDouble), mlp->fc->weight.grad().to(at::kDouble)), 5e-5);
+}
+
 TEST(Models, MlrLayerIsMlrAttention) {
   sm::AttentionGeometry g{16, 2, 16, true, true, true};
   sm::SelfAttention ours(sm::parse_layer_attention("mlr:ranks=4|2|2,avg=1"), g);

@@ -1,0 +1,94 @@
+// tests/cpp/torch_mlp_test.cpp: the fused GELU MLP through LibTorch (strata/torch/mlp.h): the fp32
+// kernels' output and every gradient against float64 autograd of the same math in ATen ops (with
+// and without biases, leading dims, a strided input, a needs-grad subset), and bad input. (The
+// models' MLP fused and unfused: models_train_test.cpp.)
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/error.h"
+#include "strata/torch/mlp.h"
+#include "torch_test_util.h"
+
+namespace strata {
+namespace {
+
+using strata::test::rel_err;
+
+// Output and gradients of sum(y * g) for gelu_mlp at the leaves' dtype (undefined b1 / b2: none).
+std::vector<at::Tensor> run(const std::vector<at::Tensor>& in, const at::Tensor& g, at::ScalarType t) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& a : in) leaves.push_back(a.defined() ? a.detach().to(t).requires_grad_() : at::Tensor());
+  const at::Tensor y = strata::torch::gelu_mlp(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
+  std::vector<at::Tensor> wrt;
+  for (const auto& l : leaves)
+    if (l.defined()) wrt.push_back(l);
+  auto grads = ::torch::autograd::grad({y}, wrt, {g.to(t)});
+  grads.insert(grads.begin(), y.detach());
+  return grads;
+}
+
+TEST(TorchMlp, Fp32KernelsMatchFloat64Autograd) {
+  at::manual_seed(0);
+  for (bool bias : {false, true}) {
+    for (auto sizes : std::vector<std::vector<int64_t>>{{3, 37, 24}, {130, 16}, {2, 5, 7, 33}}) {
+      const int64_t D = sizes.back(), H = 3 * D + 5;
+      SCOPED_TRACE(testing::Message() << "bias " << bias << " x " << at::IntArrayRef(sizes));
+      const at::Tensor x = at::randn(sizes, at::kDouble), g = at::randn(sizes, at::kDouble);
+      const at::Tensor w1 = at::randn({H, D}, at::kDouble) / std::sqrt(double(D));
+      const at::Tensor w2 = at::randn({D, H}, at::kDouble) / std::sqrt(double(H));
+      const at::Tensor b1 = bias ? at::randn({H}, at::kDouble) * 0.3 : at::Tensor();
+      const at::Tensor b2 = bias ? at::randn({D}, at::kDouble) * 0.3 : at::Tensor();
+      const auto want = run({x, w1, b1, w2, b2}, g, at::kDouble);
+      const auto got = run({x, w1, b1, w2, b2}, g, at::kFloat);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        // fp32 products over <= H terms and weight gradients summed over <= 185 rows: 5e-5
+        EXPECT_LT(rel_err(got[i].to(at::kDouble), want[i]), 5e-5) << "output " << i;
+      }
+    }
+  }
+}
+
+TEST(TorchMlp, StridedInputAndPartialGradients) {
+  at::manual_seed(1);
+  const int64_t D = 20, H = 64;
+  const at::Tensor big = at::randn({50, 2 * D}), w1 = at::randn({H, D}) * 0.2, w2 = at::randn({D, H}) * 0.2;
+  const at::Tensor x = big.slice(1, 0, 2 * D, 2);  // column stride 2: copied to rows first
+  const at::Tensor want = at::linear(at::gelu(at::linear(x.to(at::kDouble), w1.to(at::kDouble))), w2.to(at::kDouble));
+  EXPECT_LT(rel_err(strata::torch::gelu_mlp(x, w1, {}, w2, {}).to(at::kDouble), want), 2e-5);
+  // only w2 needs a gradient
+  const at::Tensor w2l = w2.detach().requires_grad_();
+  const at::Tensor y = strata::torch::gelu_mlp(x, w1, {}, w2l, {});
+  y.sum().backward();
+  const at::Tensor w2d = w2.to(at::kDouble).requires_grad_();
+  at::linear(at::gelu(at::linear(x.to(at::kDouble), w1.to(at::kDouble))), w2d).sum().backward();
+  EXPECT_LT(rel_err(w2l.grad().to(at::kDouble), w2d.grad()), 5e-5);
+}
+
+// Expects fn to throw strata::Error whose message holds every needle.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+  }
+}
+
+TEST(TorchMlp, BadInput) {
+  const at::Tensor x = at::randn({4, 8}), w1 = at::randn({16, 8}), w2 = at::randn({8, 16});
+  expect_error([&] { strata::torch::gelu_mlp(x, w1, at::randn({15}), w2, {}); }, {"b1", "[16]"});
+  expect_error([&] { strata::torch::gelu_mlp(x, w1, at::empty({0}), w2, {}); }, {"b1", "[16]"});
+  expect_error([&] { strata::torch::gelu_mlp(x, w1, {}, w2, at::randn({9})); }, {"b2", "[8]"});
+  expect_error([&] { strata::torch::gelu_mlp(at::randn({4, 7}), w1, {}, w2, {}); }, {"x", "8"});
+  expect_error([&] { strata::torch::gelu_mlp(x, w1, {}, at::randn({8, 15}), {}); }, {"w2", "[8, 16]"});
+  expect_error([&] { strata::torch::gelu_mlp(x.to(at::kBFloat16), w1, {}, w2, {}); }, {"x", "float32"});
+}
+
+}  // namespace
+}  // namespace strata

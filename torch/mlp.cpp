@@ -1,0 +1,119 @@
+// torch/mlp.cpp: the fused GELU MLP for LibTorch tensors (strata/torch/mlp.h): tensors -> views
+// (the checks are the core's), the autograd Function, the ATen-ops path for float64 and other
+// devices.
+#include "strata/torch/mlp.h"
+
+#include <torch/autograd.h>
+
+#include "binding_util.h"
+#include "strata/mlp.h"
+#include "strata/torch/view_of.h"
+
+namespace strata::torch {
+namespace {
+
+using binding::cat;
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+const DTypes kF32{DType::f32};
+
+// A rows x cols view of t (..., cols) whose last dim is contiguous (a reshape, copying only when
+// the leading dims do not flatten or the last dim is strided).
+at::Tensor as_rows(const at::Tensor& t, int64_t cols) {
+  at::Tensor r = t.reshape({-1, cols});
+  return r.stride(1) == 1 || cols <= 1 ? r : r.contiguous();
+}
+// A weight or bias with a contiguous last dim.
+at::Tensor last_contiguous(const at::Tensor& t) {
+  return !t.defined() || t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) <= 1 ? t : t.contiguous();
+}
+// Function::apply takes no undefined tensors (this LibTorch records every input's device): an
+// absent bias travels as an empty tensor (gelu_mlp's kNoBias) and is undefined again here.
+at::Tensor bias_or_none(const at::Tensor& b) {
+  return b.defined() && b.dim() == 1 && b.numel() == 0 ? at::Tensor() : b;
+}
+TensorView optional_view(const at::Tensor& t, const char* where, const char* arg) {
+  return t.defined() ? view_of(t, where, arg, kF32) : TensorView{};
+}
+
+// The same math as ATen ops (float64, other devices, and what the kernels are checked against).
+at::Tensor aten_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                    const at::Tensor& b2) {
+  return at::linear(at::gelu(at::linear(x, w1, b1)), w2, b2);
+}
+
+struct GeluMlpFunction : public ::torch::autograd::Function<GeluMlpFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w1_in,
+                            const at::Tensor& b1_in, const at::Tensor& w2_in, const at::Tensor& b2_in) {
+    const char* where = "gelu_mlp";
+    STRATA_CHECK_ARG(w1_in.defined() && w1_in.dim() == 2, where, "w1", "a 2-D tensor [hidden, width]",
+                     w1_in.defined() ? cat(w1_in.sizes()) : std::string("an undefined tensor"));
+    STRATA_CHECK_ARG(x_in.defined() && x_in.dim() >= 1 && x_in.size(-1) == w1_in.size(1), where, "x",
+                     cat("a tensor (..., ", w1_in.size(1), ") (w1's width)"),
+                     x_in.defined() ? cat(x_in.sizes()) : std::string("an undefined tensor"));
+    const int64_t D = x_in.size(-1), H = w1_in.size(0);
+    const at::Tensor x = as_rows(x_in, D), w1 = last_contiguous(w1_in), w2 = last_contiguous(w2_in),
+                     b1 = last_contiguous(bias_or_none(b1_in)), b2 = last_contiguous(bias_or_none(b2_in));
+    at::Tensor y = binding::with_huge_pages(at::empty({x.size(0), D}, x.options()));
+    at::Tensor h = binding::with_huge_pages(at::empty({x.size(0), H}, x.options()));
+    gelu_mlp_forward(view_of(x, where, "x", kF32), view_of(w1, where, "w1", kF32), optional_view(b1, where, "b1"),
+                     view_of(w2, where, "w2", kF32), optional_view(b2, where, "b2"), view_of(y, where, "y"),
+                     view_of(h, where, "h"));
+    ctx->save_for_backward({x, w1, w2, h});
+    ctx->saved_data["b1"] = b1.defined();
+    ctx->saved_data["b2"] = b2.defined();
+    std::vector<int64_t> out_sizes = x_in.sizes().vec();
+    return y.view(out_sizes);
+  }
+
+  // grads[0]: d loss / d y. Returns dx, dw1, db1, dw2, db2 (undefined where not needed).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const char* where = "gelu_mlp (backward)";
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w1 = s[1], &w2 = s[2], &h = s[3];
+    const int64_t D = x.size(1), H = w1.size(0);
+    const std::vector<int64_t> x_sizes = grads[0].sizes().vec();
+    const at::Tensor dy = as_rows(grads[0], D);
+    const auto opt = x.options();
+    auto maybe = [&](int i, at::IntArrayRef sizes) {
+      return ctx->needs_input_grad(size_t(i)) ? binding::with_huge_pages(at::empty(sizes, opt)) : at::Tensor();
+    };
+    at::Tensor dx = maybe(0, {x.size(0), D}), dw1 = maybe(1, {H, D}), dw2 = maybe(3, {D, H});
+    at::Tensor db1 = ctx->saved_data["b1"].toBool() ? maybe(2, {H}) : at::Tensor();
+    at::Tensor db2 = ctx->saved_data["b2"].toBool() ? maybe(4, {D}) : at::Tensor();
+    gelu_mlp_backward(view_of(dy, where, "dy", kF32), view_of(x, where, "x", kF32), view_of(w1, where, "w1", kF32),
+                      view_of(w2, where, "w2", kF32), view_of(h, where, "h", kF32), optional_view(dx, where, "dx"),
+                      optional_view(dw1, where, "dw1"), optional_view(db1, where, "db1"),
+                      optional_view(dw2, where, "dw2"), optional_view(db2, where, "db2"));
+    if (dx.defined()) dx = dx.view(x_sizes);
+    variable_list out{dx, dw1, db1, dw2, db2};
+    return binding::once_differentiable(out, {x, w1, w2, h, grads[0]}, "gelu_mlp");
+  }
+};
+
+}  // namespace
+
+at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                    const at::Tensor& b2) {
+  const bool kernel = x.defined() && x.device().is_cpu() && x.scalar_type() == at::kFloat;
+  if (!kernel) {
+    const char* where = "gelu_mlp";
+    STRATA_CHECK_ARG(x.defined(), where, "x", "a defined tensor", "an undefined tensor");
+    STRATA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, where, "x",
+                     "dtype float32 (the kernels) or float64 (ATen ops)", cat(x.scalar_type()));
+    return aten_mlp(x, w1, b1, w2, b2);
+  }
+  // A given bias of the wrong size is an error here, before an empty one could pass for kNoBias.
+  const char* where = "gelu_mlp";
+  STRATA_CHECK_ARG(w1.defined() && w1.dim() == 2 && w1.size(0) >= 1, where, "w1", "a 2-D tensor [hidden >= 1, width]",
+                   w1.defined() ? cat(w1.sizes()) : std::string("an undefined tensor"));
+  STRATA_CHECK_ARG(!b1.defined() || (b1.dim() == 1 && b1.size(0) == w1.size(0)), where, "b1",
+                   cat("a 1-D tensor [", w1.size(0), "] (w1's hidden) or none"), cat(b1.sizes()));
+  STRATA_CHECK_ARG(!b2.defined() || (b2.dim() == 1 && b2.size(0) == w1.size(1)), where, "b2",
+                   cat("a 1-D tensor [", w1.size(1), "] (w1's width) or none"), cat(b2.sizes()));
+  const at::Tensor none = at::empty({0}, x.options());
+  return GeluMlpFunction::apply(x, w1, b1.defined() ? b1 : none, w2, b2.defined() ? b2 : none);
+}
+
+}  // namespace strata::torch
