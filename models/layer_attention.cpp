@@ -474,9 +474,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> SelfAttentionImpl::qkv(const at::
     // their gradients. Measured (2026-12-04, AMD EPYC, 2 threads, batch 32, T = 256, D = 128, the
     // char-LM cpu size): the projections' forward + backward 29.4 -> 26.4 ms (medians of 200
     // interleaved calls). Decoding (a token or a few per call) keeps the three GEMMs.
-    const at::Tensor w = at::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // 3 D x D
-    const at::Tensor b = geometry.bias ? at::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : at::Tensor();
-    const std::vector<at::Tensor> qkv = at::linear(x, w, b).view({B, T, 3, H, head_dim}).unbind(2);
+    const std::vector<at::Tensor> qkv = packed_qkv(x).unbind(2);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
     q = q_proj(x).view({B, T, H, head_dim});
@@ -490,6 +488,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> SelfAttentionImpl::qkv(const at::
   return {q, k, v};
 }
 
+at::Tensor SelfAttentionImpl::packed_qkv(const at::Tensor& x) const {
+  const at::Tensor w = at::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // 3 D x D
+  const at::Tensor b = geometry.bias ? at::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : at::Tensor();
+  return at::linear(x, w, b).view({x.size(0), x.size(1), 3, geometry.heads, head_dim});
+}
+
+std::optional<strata::torch::AttentionArgs> SelfAttentionImpl::dense_args() const {
+  strata::torch::AttentionArgs a;
+  a.scale = logit_scale_value(spec.scale, head_dim);
+  a.causal = geometry.causal;
+  switch (spec.kind) {
+    case Kind::mha: return a;
+    case Kind::swa:
+    case Kind::longformer:
+      a.window_left = spec.window;
+      a.window_right = geometry.causal ? -1 : spec.window;  // causal already bounds the right
+      if (spec.kind == Kind::longformer) a.num_global = spec.num_global;
+      return a;
+    default: return std::nullopt;
+  }
+}
+
 at::Tensor SelfAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
   STRATA_CHECK_ARG(has_qkv(), "SelfAttention::attend", "kind", "a kind with q/k/v projections (not btt or bmlr)",
                    layer_attention_kind_name(spec.kind));
@@ -497,14 +517,8 @@ at::Tensor SelfAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, c
   strata::torch::AttentionArgs a;
   a.scale = logit_scale_value(spec.scale, head_dim);
   a.causal = causal;
+  if (const auto dense = dense_args()) return strata::torch::attention(q, k, v, *dense);
   switch (spec.kind) {
-    case Kind::mha: return strata::torch::attention(q, k, v, a);
-    case Kind::swa:
-    case Kind::longformer:
-      a.window_left = spec.window;
-      a.window_right = causal ? -1 : spec.window;  // causal already bounds the right
-      if (spec.kind == Kind::longformer) a.num_global = spec.num_global;
-      return strata::torch::attention(q, k, v, a);
     case Kind::gswa: return strata::torch::paper_gswa_attention(q, k, v, spec.split_a, spec.window);
     case Kind::mlr: return strata::torch::mlr_attention(q, k, v, mlr_args());
     case Kind::monarch: {
@@ -530,6 +544,11 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x) {
                    x.defined() ? cat(x.dim(), "-D ", x.sizes()) : std::string("an undefined tensor"));
   if (spec.kind == Kind::btt) return btt(x);
   if (spec.kind == Kind::bmlr) return bmlr(x);
+  // The dense kinds on a packed q/k/v (as qkv() projects them), so that the backward returns one
+  // gradient for the projection's output instead of three for autograd to copy into one.
+  const auto dense = dense_args();
+  if (dense && x.size(0) * x.size(1) >= 16 && !geometry.qk_layernorm)
+    return out_proj(strata::torch::attention_qkvpacked(packed_qkv(x), *dense).reshape({x.size(0), x.size(1), geometry.width}));
   const auto [q, k, v] = qkv(x);
   return out_proj(attend(q, k, v).reshape({x.size(0), x.size(1), geometry.width}));
 }

@@ -53,11 +53,13 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "strata/torch/attention.h"
 #include "strata/torch/bilinear_attention.h"
 #include "strata/torch/mlr.h"
 #include "strata/torch/mup.h"
@@ -184,6 +186,10 @@ class SelfAttentionImpl : public ::torch::nn::Cloneable<SelfAttentionImpl>, publ
   // Projection kinds only: the attention of q, k, v (batch x T x H x d each, as qkv() gives)
   // -> batch x T x H x d (before out_proj).
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  // Projection kinds: x's q, k, v from one GEMM on the stacked weights, batch x T x 3 x H x d.
+  at::Tensor packed_qkv(const at::Tensor& x) const;
+  // The dense kinds (mha, swa, longformer): the AttentionArgs attend() passes; nullopt otherwise.
+  std::optional<strata::torch::AttentionArgs> dense_args() const;
   bool has_qkv() const;
   // mlr only: the MlrArgs attend() passes (blocks from mlr_block_context), e.g. for MlrKvCache.
   strata::torch::MlrArgs mlr_args() const;

@@ -90,6 +90,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   return {dq, dk, dv};
 }
 
+void attention_backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                             const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq,
+                             const at::Tensor& dk, const at::Tensor& dv, const AttentionArgs& a) {
+  const char* where = "attention_backward";
+  const Layout l = parse_layout(where, a.layout);
+  const QkvViews in = attention_views(where, q, k, v, l, kKernelDTypes);
+  const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
+  strata::attention_backward(in.q, in.k, in.v, view_of(out, where, "out"), view_of(lse, where, "lse"),
+                             view_of(dout, where, "dout"), view_of(dq, where, "dq"), view_of(dk, where, "dk"),
+                             view_of(dv, where, "dv"), opt);
+}
+
 std::tuple<at::Tensor, at::Tensor> reference_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                const at::Tensor& v, const AttentionArgs& a) {
   const char* where = "reference_attention_forward";

@@ -199,6 +199,36 @@ TEST(TorchAttention, AutogradMatchesSdpaFloat32) {
     }
 }
 
+// attention_qkvpacked: the same outputs and gradients as attention() on the three views of qkv (the
+// same kernels: equal bits), its one gradient the three stacked; float64 through the reference;
+// errors name qkv / layout.
+TEST(TorchAttention, PackedQkvEqualsThreeViews) {
+  at::manual_seed(4);
+  for (bool causal : {false, true})
+    for (int64_t T : {1, 37, 130}) {
+      for (auto dt : {at::kFloat, at::kDouble}) {
+        const at::Tensor qkv0 = at::randn({3, T, 3, 2, 24}).to(dt), g = at::randn({3, T, 2, 24}).to(dt);
+        st::AttentionArgs a;
+        a.causal = causal;
+        const at::Tensor p = qkv0.detach().requires_grad_();
+        const at::Tensor out_p = st::attention_qkvpacked(p, a);
+        out_p.backward(g);
+        const at::Tensor u = qkv0.detach().requires_grad_();
+        const std::vector<at::Tensor> views = u.unbind(2);
+        const at::Tensor out_u = st::attention(views[0], views[1], views[2], a);
+        out_u.backward(g);
+        EXPECT_TRUE(at::equal(out_p, out_u)) << "T " << T << " causal " << causal << " " << dt;
+        EXPECT_TRUE(at::equal(p.grad(), u.grad())) << "T " << T << " causal " << causal << " " << dt;
+      }
+    }
+  EXPECT_NE(message([] { st::attention_qkvpacked(at::randn({2, 5, 2, 2, 8})); }).find("argument 'qkv'"),
+            std::string::npos);
+  st::AttentionArgs bhsd;
+  bhsd.layout = "bhsd";
+  EXPECT_NE(message([&] { st::attention_qkvpacked(at::randn({2, 5, 3, 2, 8}), bhsd); }).find("argument 'layout'"),
+            std::string::npos);
+}
+
 // A query shared by heads (heads_kv % heads_q == 0), up to head dim 1024: against the float64
 // autograd of the formula with q repeated to the kv heads (SDPA; autograd sums the copies' dq), by
 // the acceptance rule in float32 and bfloat16, and to round-off through the float64 reference.

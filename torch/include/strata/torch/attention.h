@@ -47,6 +47,10 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& dout, const AttentionArgs& a);
+// The same, writing into dq, dk, dv (shaped as q, k, v; any strides; e.g. views of one buffer).
+void attention_backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                             const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq,
+                             const at::Tensor& dk, const at::Tensor& dv, const AttentionArgs& a);
 
 // Differentiable attention (torch::autograd::Function over the two ops above). float64 inputs
 // are computed by the double-precision reference (exact gradients, for gradcheck); float32 and
@@ -55,6 +59,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 // semantics in ATen ops (strata/torch/torch_ops.h); so for paper_gswa_attention below.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionArgs& a = {});
+
+// attention() on q, k, v packed in one tensor, qkv: batch x seq x 3 x heads x head_dim (bshd: a
+// fused q/k/v projection's output viewed as such), self-attention with equal heads. The same
+// kernels and results as attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], a), but the backward
+// writes dq, dk and dv into one gradient of qkv's shape (attention() returns three, which the
+// autograd of a split then copies into one: 12 MB a layer at the char-LM's training size).
+// a.layout must be "bshd". Off the CPU, in float64 or with use_torch_ops(): attention() on the
+// three views.
+at::Tensor attention_qkvpacked(const at::Tensor& qkv, const AttentionArgs& a = {});
 
 // The double-precision reference (strata::reference) behind the same checks: q, k, v float32,
 // bfloat16 or float64 (one dtype). Returns (out: float64 in q's layout, lse: float64
