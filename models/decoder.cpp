@@ -51,6 +51,16 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
   return proj(at::gelu(fc(x)));
 }
 
+at::Tensor MlpImpl::forward_block(const at::Tensor& x, const NormImpl& ln) {
+  if (!fused) return x + forward(const_cast<NormImpl&>(ln).forward(x));
+  strata::torch::MlpBlockArgs b;
+  b.ln_weight = ln.weight;
+  b.ln_bias = ln.bias;
+  b.eps = ln.eps;
+  b.residual = true;
+  return strata::torch::gelu_mlp(x, fc->weight, fc->bias, proj->weight, proj->bias, b);
+}
+
 std::vector<std::pair<std::string, MupRole>> MlpImpl::mup_roles() const {
   return {{"proj.weight", MupRole::output(hidden)}};
 }
@@ -74,6 +84,8 @@ void BlockImpl::reset() {
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   const at::Tensor h = x + drop(attn(ln1(x)));
+  // (ln2, the MLP and the residual in one call where no dropout sits between them)
+  if (mlp->fused && (dropout_p == 0 || !is_training())) return mlp->forward_block(h, *ln2);
   return h + drop(mlp(ln2(h)));
 }
 

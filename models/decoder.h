@@ -64,6 +64,9 @@ class MlpImpl : public ::torch::nn::Cloneable<MlpImpl>, public strata::torch::Mu
   MlpImpl(int64_t width, int64_t hidden, bool bias);
   void reset() override;
   at::Tensor forward(const at::Tensor& x);  // ... x width -> ... x width
+  // A pre-LN block's MLP half, x + forward(ln(x)): with `fused`, one kernel call each way (the
+  // LayerNorm, the MLP and the residual add); else those three ops.
+  at::Tensor forward_block(const at::Tensor& x, const NormImpl& ln);
   std::vector<std::pair<std::string, strata::torch::MupRole>> mup_roles() const override;
   double forward_flops(int64_t T) const;    // 2 T (width hidden) x 2
   int64_t width, hidden;

@@ -16,30 +16,49 @@
 // name the argument, what was expected and what came. Threads: strata's (strata/threading.h). The
 // backward's weight gradients are per-thread partial sums added in a fixed order: the same bits for
 // the same inputs and thread count.
+//
+// A transformer block's MLP half can come in whole: MlpBlock's pre-LayerNorm (over D) and residual,
+//   out = [x +] MLP(LN(x)),  LN(x) = (x - mean) / sqrt(var + eps) * ln_weight + ln_bias,
+// so that a pre-LN block's ln2, MLP and residual add are one call each way.
 #pragma once
 #include "strata/tensor.h"
 
 namespace strata {
 
-// y [rows x D] := the MLP of x; h [rows x H] (optional) := the pre-activation x W1^T + b1, which
-// gelu_mlp_backward reads.
-void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorView& b1, const TensorView& w2,
-                      const TensorView& b2, const TensorView& y, const TensorView& h);
+// The optional parts of a block's MLP half around the MLP (default: none, out = MLP(x)).
+struct MlpBlock {
+  TensorView ln_weight;   // [D]: given, the MLP reads LN(x) (a LayerNorm over the width)
+  TensorView ln_bias;     // [D] or none
+  float eps = 1e-5f;      // the LayerNorm's
+  TensorView stats;       // with ln_weight: [rows x 2] float32 (mean, rstd of each row), contiguous;
+                          // written by the forward, read by the backward
+  bool residual = false;  // out = x + MLP(...)
+};
 
-// From dy [rows x D] and the forward's x and h: dx [rows x D], dw1 [H x D], db1 [H], dw2 [D x H],
-// db2 [D], each optional (undefined: not computed) and overwritten (not accumulated into).
+// y [rows x D] := the MLP of x (with `block`'s parts); h [rows x H] (optional) := the pre-activation
+// u W1^T + b1 (u = LN(x) or x), which gelu_mlp_backward reads, as it reads block.stats.
+void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorView& b1, const TensorView& w2,
+                      const TensorView& b2, const TensorView& y, const TensorView& h, const MlpBlock& block = {});
+
+// From dy [rows x D] and the forward's x, h and block (the same parts, stats as written): dx
+// [rows x D], dw1 [H x D], db1 [H], dw2 [D x H], db2 [D], dln_weight, dln_bias [D] (with a
+// LayerNorm), each optional (undefined: not computed) and overwritten (not accumulated into).
 void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorView& w1, const TensorView& w2,
                        const TensorView& h, const TensorView& dx, const TensorView& dw1, const TensorView& db1,
-                       const TensorView& dw2, const TensorView& db2);
+                       const TensorView& dw2, const TensorView& db2, const MlpBlock& block = {},
+                       const TensorView& dln_weight = {}, const TensorView& dln_bias = {});
 
 // ---- Double-precision reference: the definition, one row at a time (erf from <cmath>) ---------
 namespace reference {
-// y: rows * D doubles, h: rows * H doubles (contiguous). Inputs float32 or float64.
+// y: rows * D doubles, h: rows * H doubles (contiguous; h may be null). Inputs float32 or float64;
+// block's stats unused (the reference recomputes everything).
 void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorView& b1, const TensorView& w2,
-                      const TensorView& b2, double* y, double* h);
-// Every gradient (contiguous doubles, sizes as above), from x, the weights and biases (h recomputed).
+                      const TensorView& b2, double* y, double* h, const MlpBlock& block = {});
+// Every gradient (contiguous doubles, sizes as above; dln_weight, dln_bias: D each, zeros without a
+// LayerNorm), from x, the weights and biases (h recomputed).
 void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorView& w1, const TensorView& b1,
-                       const TensorView& w2, double* dx, double* dw1, double* db1, double* dw2, double* db2);
+                       const TensorView& w2, double* dx, double* dw1, double* db1, double* dw2, double* db2,
+                       const MlpBlock& block = {}, double* dln_weight = nullptr, double* dln_bias = nullptr);
 }  // namespace reference
 
 }  // namespace strata

@@ -2,6 +2,7 @@
 // argument), TensorView -> MlpParams, ISA dispatch. Semantics: strata/mlp.h.
 #include "strata/mlp.h"
 
+#include <cmath>
 #include <string>
 
 #include "cpu/mlp_params.h"
@@ -51,6 +52,25 @@ MlpSizes check_inputs(const char* where, const TensorView& x, const TensorView& 
   return s;
 }
 
+// The block's parts: checked, into p. `forward`: stats is written (else read).
+void set_block(const char* where, const MlpSizes& s, const MlpBlock& blk, cpu::MlpParams& p) {
+  p.residual = blk.residual;
+  if (!given(blk.ln_weight)) {
+    STRATA_CHECK_ARG(!given(blk.ln_bias), where, "block.ln_bias", "none without block.ln_weight", "a tensor");
+    return;
+  }
+  check_vector(where, "block.ln_weight", blk.ln_weight, s.D, "(x's width)");
+  if (given(blk.ln_bias)) check_vector(where, "block.ln_bias", blk.ln_bias, s.D, "(x's width)");
+  STRATA_CHECK_ARG(std::isfinite(blk.eps) && blk.eps >= 0.f, where, "block.eps", "a finite value >= 0", blk.eps);
+  check_matrix(where, "block.stats", blk.stats, s.rows, 2, "(x's rows; mean, rstd)");
+  STRATA_CHECK_ARG(blk.stats.stride[0] == 2 || s.rows <= 1, where, "block.stats", "a contiguous tensor",
+                   cat("row stride ", blk.stats.stride[0]));
+  p.ln_w = static_cast<const float*>(blk.ln_weight.data);
+  p.ln_b = given(blk.ln_bias) ? static_cast<const float*>(blk.ln_bias.data) : nullptr;
+  p.ln_eps = blk.eps;
+  p.stats = static_cast<float*>(blk.stats.data);
+}
+
 cpu::MlpParams params_of(const MlpSizes& s, const TensorView& x, const TensorView& w1, const TensorView& w2) {
   cpu::MlpParams p;
   p.rows = s.rows;
@@ -68,7 +88,7 @@ cpu::MlpParams params_of(const MlpSizes& s, const TensorView& x, const TensorVie
 }  // namespace
 
 void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorView& b1, const TensorView& w2,
-                      const TensorView& b2, const TensorView& y, const TensorView& h) {
+                      const TensorView& b2, const TensorView& y, const TensorView& h, const MlpBlock& block) {
   const char* where = "gelu_mlp_forward";
   const MlpSizes s = check_inputs(where, x, w1, w2);
   if (given(b1)) check_vector(where, "b1", b1, s.H, "(w1's hidden)");
@@ -84,12 +104,15 @@ void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorVie
     p.h = static_cast<float*>(h.data);
     p.h_rs = h.stride[0];
   }
+  set_block(where, s, block, p);
+  if (p.stats) check_no_overlap(where, "block.stats", block.stats);
   STRATA_ACTIVE_KERNELS(kMlpKernels).forward(p);
 }
 
 void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorView& w1, const TensorView& w2,
                        const TensorView& h, const TensorView& dx, const TensorView& dw1, const TensorView& db1,
-                       const TensorView& dw2, const TensorView& db2) {
+                       const TensorView& dw2, const TensorView& db2, const MlpBlock& block,
+                       const TensorView& dln_weight, const TensorView& dln_bias) {
   const char* where = "gelu_mlp_backward";
   const MlpSizes s = check_inputs(where, x, w1, w2);
   check_matrix(where, "dy", dy, s.rows, s.D, "(x's rows and width)");
@@ -117,6 +140,13 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
   p.db1 = out(db1);
   p.dw2 = out(dw2);
   p.db2 = out(db2);
+  set_block(where, s, block, p);
+  STRATA_CHECK_ARG(p.ln_w || (!given(dln_weight) && !given(dln_bias)), where, "dln_weight",
+                   "none without block.ln_weight", "a tensor");
+  if (given(dln_weight)) check_vector(where, "dln_weight", dln_weight, s.D, "(x's width)");
+  if (given(dln_bias)) check_vector(where, "dln_bias", dln_bias, s.D, "(x's width)");
+  p.dln_w = out(dln_weight);
+  p.dln_b = out(dln_bias);
   STRATA_ACTIVE_KERNELS(kMlpKernels).backward(p);
 }
 

@@ -1,5 +1,6 @@
 // src/cpu/mlp_params.h: the POD parameter struct of the fused GELU MLP kernels,
-//   y = gelu(x W1^T + b1) W2^T + b2   (the transformer block's feed-forward; exact erf GELU).
+//   y = [x +] gelu(u W1^T + b1) W2^T + b2,  u = LN(x) or x   (a transformer block's feed-forward
+//   half with its pre-LayerNorm and residual optional; exact erf GELU).
 // Filled by src/cpu/mlp.cpp after validation; read by every ISA variant of the kernel. Rows are
 // tokens; every matrix is fp32 with unit column stride and the row stride given (elements).
 #pragma once
@@ -27,6 +28,16 @@ struct MlpParams {
   int64_t y_rs = 0;
   float* h = nullptr;
   int64_t h_rs = 0;
+  // The block's optional pre-LayerNorm over D (the MLP reads LN(x)) and residual (out = x + MLP):
+  // ln_w null: no LayerNorm. stats: rows x 2 (mean, rstd) per row, written by the forward and read
+  // by the backward when the LayerNorm is on.
+  const float* ln_w = nullptr;  // D
+  const float* ln_b = nullptr;  // D, or null
+  float ln_eps = 1e-5f;
+  float* stats = nullptr;
+  bool residual = false;
+  float* dln_w = nullptr;  // D (backward, optional)
+  float* dln_b = nullptr;  // D (backward, optional)
   // backward: dy in; each gradient out is optional (null: not computed) and overwritten.
   const float* dy = nullptr;  // rows x D
   int64_t dy_rs = 0;

@@ -69,12 +69,13 @@ struct Case {
   int64_t rows, D, H;
   bool bias;
   int64_t gap;
+  int block = 0;  // MlpBlock: 0 none, 1 LayerNorm (with bias) + residual, 2 LayerNorm alone (no bias), 3 residual
 };
 
 // Runs one case under the active ISA; compares forward and backward with the reference.
 void check_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "rows " << c.rows << " D " << c.D << " H " << c.H << " bias " << c.bias << " gap "
-                                  << c.gap << " isa " << isa_name(active_isa()));
+                                  << c.gap << " block " << c.block << " isa " << isa_name(active_isa()));
   std::mt19937 rng(seed);
   Mat x(c.rows, c.D, DType::f32, c.gap), w1(c.H, c.D, DType::f32, c.gap), w2(c.D, c.H, DType::f32, c.gap);
   Mat b1(-1, c.H), b2(-1, c.D), dy(c.rows, c.D, DType::f32, c.gap);
@@ -85,10 +86,24 @@ void check_case(const Case& c, uint32_t seed) {
   b2.fill(rng, 0.5);
   dy.fill(rng, 1.0);
   const TensorView nb1 = c.bias ? b1.view : TensorView{}, nb2 = c.bias ? b2.view : TensorView{};
+  Mat lnw(-1, c.D), lnb(-1, c.D), stats(c.rows, 2);
+  lnw.fill(rng, 0.3);
+  for (int64_t i = 0; i < c.D; ++i) {
+    const int64_t idx[1] = {i};
+    lnw.view.set(idx, 1.0 + lnw.view.get(idx));
+  }
+  lnb.fill(rng, 0.3);
+  MlpBlock blk;
+  if (c.block == 1 || c.block == 2) {
+    blk.ln_weight = lnw.view;
+    if (c.block == 1) blk.ln_bias = lnb.view;
+    blk.stats = stats.view;
+  }
+  blk.residual = c.block == 1 || c.block == 3;
   Mat y(c.rows, c.D, DType::f32, c.gap), h(c.rows, c.H, DType::f32, c.gap);
-  gelu_mlp_forward(x.view, w1.view, nb1, w2.view, nb2, y.view, h.view);
+  gelu_mlp_forward(x.view, w1.view, nb1, w2.view, nb2, y.view, h.view, blk);
   std::vector<double> ry(size_t(c.rows * c.D)), rh(size_t(c.rows * c.H));
-  reference::gelu_mlp_forward(x.view, w1.view, nb1, w2.view, nb2, ry.data(), rh.data());
+  reference::gelu_mlp_forward(x.view, w1.view, nb1, w2.view, nb2, ry.data(), rh.data(), blk);
   // fp32 products over K = D or H terms (<= 512 here): normwise errors of a few 1e-7 (the erf
   // approximation adds at most 1.5e-7 x |h| to a gelu value); 2e-5 leaves room and still fails
   // any wrong term (a missing bias, a dropped column: ~1e-2 and more).
@@ -96,11 +111,21 @@ void check_case(const Case& c, uint32_t seed) {
   EXPECT_LT(rel_err(h.values(), rh), 2e-5);
 
   Mat dx(c.rows, c.D, DType::f32, c.gap), dw1(c.H, c.D), db1(-1, c.H), dw2(c.D, c.H), db2(-1, c.D);
-  gelu_mlp_backward(dy.view, x.view, w1.view, w2.view, h.view, dx.view, dw1.view, db1.view, dw2.view, db2.view);
+  Mat dlnw(-1, c.D), dlnb(-1, c.D);
+  const bool ln = c.block == 1 || c.block == 2;
+  gelu_mlp_backward(dy.view, x.view, w1.view, w2.view, h.view, dx.view, dw1.view, db1.view, dw2.view, db2.view, blk,
+                    ln ? dlnw.view : TensorView{}, c.block == 1 ? dlnb.view : TensorView{});
   std::vector<double> rdx(size_t(c.rows * c.D)), rdw1(size_t(c.H * c.D)), rdb1(size_t(c.H)), rdw2(size_t(c.D * c.H)),
-      rdb2(size_t(c.D));
+      rdb2(size_t(c.D)), rdlnw(size_t(c.D)), rdlnb(size_t(c.D));
   reference::gelu_mlp_backward(dy.view, x.view, w1.view, nb1, w2.view, rdx.data(), rdw1.data(), rdb1.data(),
-                               rdw2.data(), rdb2.data());
+                               rdw2.data(), rdb2.data(), blk, rdlnw.data(), rdlnb.data());
+  // the LayerNorm's weight and bias gradients: sums over the rows, as the others
+  if (ln) {
+    EXPECT_LT(rel_err(dlnw.values(), rdlnw), 5e-5);
+  }
+  if (c.block == 1) {
+    EXPECT_LT(rel_err(dlnb.values(), rdlnb), 5e-5);
+  }
   // The weight gradients sum over the rows (1025 terms): fp32 sums of that length, 5e-5.
   EXPECT_LT(rel_err(dx.values(), rdx), 2e-5);
   EXPECT_LT(rel_err(dw1.values(), rdw1), 5e-5);
@@ -111,9 +136,22 @@ void check_case(const Case& c, uint32_t seed) {
 
 TEST(Mlp, KernelsMatchTheReference) {
   const std::vector<Case> cases = {
-      {1, 1, 3, true, 0},      {7, 5, 17, true, 3},      {97, 16, 64, false, 0},  {97, 33, 50, true, 1},
-      {1025, 16, 48, true, 0}, {130, 64, 256, false, 5}, {97, 128, 512, true, 0}, {1025, 128, 512, false, 0},
-      {64, 128, 512, true, 0}, {65, 17, 130, false, 0},
+      {1, 1, 3, true, 0},
+      {7, 5, 17, true, 3},
+      {97, 16, 64, false, 0},
+      {97, 33, 50, true, 1},
+      {1025, 16, 48, true, 0},
+      {130, 64, 256, false, 5},
+      {97, 128, 512, true, 0},
+      {1025, 128, 512, false, 0},
+      {64, 128, 512, true, 0},
+      {65, 17, 130, false, 0},
+      // a block's MLP half: LayerNorm and residual, LayerNorm alone, residual alone
+      {97, 16, 64, true, 2, 1},
+      {130, 33, 50, false, 0, 2},
+      {7, 5, 17, true, 0, 3},
+      {1025, 128, 512, false, 0, 1},
+      {65, 128, 512, true, 0, 2},
   };
   uint32_t seed = 1;
   for (const Case& c : cases) {
@@ -183,13 +221,20 @@ TEST(Mlp, ReferenceBackwardIsTheDerivative) {
   w2.fill(rng, 0.7);
   b2.fill(rng, 0.5);
   dy.fill(rng, 1);
+  Mat lnw(-1, D, DType::f64), lnb(-1, D, DType::f64);  // a LayerNorm and the residual too
+  lnw.fill(rng, 1.0);
+  lnb.fill(rng, 0.5);
+  MlpBlock blk;
+  blk.ln_weight = lnw.view;
+  blk.ln_bias = lnb.view;
+  blk.residual = true;
   std::vector<double> dx(size_t(rows * D)), dw1(size_t(H * D)), db1(static_cast<size_t>(H)), dw2(size_t(D * H)),
-      db2(static_cast<size_t>(D));
+      db2(static_cast<size_t>(D)), dlnw(static_cast<size_t>(D)), dlnb(static_cast<size_t>(D));
   reference::gelu_mlp_backward(dy.view, x.view, w1.view, b1.view, w2.view, dx.data(), dw1.data(), db1.data(),
-                               dw2.data(), db2.data());
+                               dw2.data(), db2.data(), blk, dlnw.data(), dlnb.data());
   auto loss = [&] {
     std::vector<double> y(size_t(rows * D));
-    reference::gelu_mlp_forward(x.view, w1.view, b1.view, w2.view, b2.view, y.data(), nullptr);
+    reference::gelu_mlp_forward(x.view, w1.view, b1.view, w2.view, b2.view, y.data(), nullptr, blk);
     const std::vector<double> g = dy.values();
     double s = 0;
     for (size_t i = 0; i < y.size(); ++i) s += y[i] * g[i];
@@ -213,6 +258,8 @@ TEST(Mlp, ReferenceBackwardIsTheDerivative) {
   check(b1, db1, "b1");
   check(w2, dw2, "w2");
   check(b2, db2, "b2");
+  check(lnw, dlnw, "ln_weight");
+  check(lnb, dlnb, "ln_bias");
 }
 
 // Pre-activations far in both tails (|h| up to ~60): gelu(h) -> 0 and h, gelu'(h) -> 0 and 1, no

@@ -18,11 +18,19 @@ namespace {
 
 using strata::test::rel_err;
 
-// Output and gradients of sum(y * g) for gelu_mlp at the leaves' dtype (undefined b1 / b2: none).
-std::vector<at::Tensor> run(const std::vector<at::Tensor>& in, const at::Tensor& g, at::ScalarType t) {
+// Output and gradients of sum(y * g) for gelu_mlp at the leaves' dtype (undefined b1 / b2: none);
+// in[5], in[6]: the block's LayerNorm weight and bias (undefined: none).
+std::vector<at::Tensor> run(const std::vector<at::Tensor>& in, const at::Tensor& g, at::ScalarType t,
+                            bool residual = false) {
   std::vector<at::Tensor> leaves;
   for (const auto& a : in) leaves.push_back(a.defined() ? a.detach().to(t).requires_grad_() : at::Tensor());
-  const at::Tensor y = strata::torch::gelu_mlp(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
+  strata::torch::MlpBlockArgs blk;
+  if (leaves.size() > 5) {
+    blk.ln_weight = leaves[5];
+    blk.ln_bias = leaves[6];
+  }
+  blk.residual = residual;
+  const at::Tensor y = strata::torch::gelu_mlp(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], blk);
   std::vector<at::Tensor> wrt;
   for (const auto& l : leaves)
     if (l.defined()) wrt.push_back(l);
@@ -50,6 +58,27 @@ TEST(TorchMlp, Fp32KernelsMatchFloat64Autograd) {
         EXPECT_LT(rel_err(got[i].to(at::kDouble), want[i]), 5e-5) << "output " << i;
       }
     }
+  }
+}
+
+// A pre-LN block's MLP half (LayerNorm with and without bias, residual): fp32 against float64 ATen.
+TEST(TorchMlp, BlockLayerNormAndResidual) {
+  at::manual_seed(5);
+  const int64_t D = 48, H = 130;
+  for (int mode : {0, 1, 2}) {
+    SCOPED_TRACE(testing::Message() << "mode " << mode);
+    const at::Tensor x = at::randn({4, 33, D}, at::kDouble) * 2 + 0.5, g = at::randn({4, 33, D}, at::kDouble);
+    const at::Tensor w1 = at::randn({H, D}, at::kDouble) / std::sqrt(double(D));
+    const at::Tensor w2 = at::randn({D, H}, at::kDouble) / std::sqrt(double(H));
+    const at::Tensor lnw = 1 + 0.2 * at::randn({D}, at::kDouble);
+    const at::Tensor lnb = mode == 0 ? 0.2 * at::randn({D}, at::kDouble) : at::Tensor();
+    const std::vector<at::Tensor> in =
+        mode == 2 ? std::vector<at::Tensor>{x, w1, {}, w2, {}} : std::vector<at::Tensor>{x, w1, {}, w2, {}, lnw, lnb};
+    const bool residual = mode != 1;
+    const auto want = run(in, g, at::kDouble, residual), got = run(in, g, at::kFloat, residual);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_LT(rel_err(got[i].to(at::kDouble), want[i]), 5e-5) << "output " << i;
   }
 }
 

@@ -1,8 +1,10 @@
 // src/cpu/reference/mlp_reference.cpp: the fused GELU MLP in double precision, the definition in
-// strata/mlp.h taken literally (std::erf, one row at a time): what the kernels are compared with.
+// strata/mlp.h taken literally (std::erf, one row at a time, the LayerNorm and residual of MlpBlock
+// when asked): what the kernels are compared with.
 #include <cmath>
 #include <vector>
 
+#include "strata/checks.h"  // given
 #include "strata/mlp.h"
 
 namespace strata::reference {
@@ -13,19 +15,35 @@ double at2(const TensorView& t, int64_t i, int64_t j) {
   return t.get(idx);
 }
 double at1(const TensorView& t, int64_t i) {
-  if (t.data == nullptr && t.ndim == 0) return 0.0;  // an omitted bias
+  if (!given(t)) return 0.0;  // an omitted bias
   const int64_t idx[1] = {i};
   return t.get(idx);
 }
 double phi_cdf(double v) { return 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))); }
 double phi_pdf(double v) { return std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI); }
 
-// Row r of h = x W1^T + b1.
-void pre_activation(const TensorView& x, const TensorView& w1, const TensorView& b1, int64_t r, int64_t D, int64_t H,
-                    double* h) {
+// Row r of the MLP's input u (LN(x) with block.ln_weight, else x); xhat and rstd of the LayerNorm.
+void input_row(const TensorView& x, const MlpBlock& blk, int64_t r, int64_t D, double* u, double* xhat, double* rstd) {
+  if (!given(blk.ln_weight)) {
+    for (int64_t c = 0; c < D; ++c) u[c] = at2(x, r, c);
+    return;
+  }
+  double mean = 0, var = 0;
+  for (int64_t c = 0; c < D; ++c) mean += at2(x, r, c);
+  mean /= double(D);
+  for (int64_t c = 0; c < D; ++c) var += (at2(x, r, c) - mean) * (at2(x, r, c) - mean);
+  *rstd = 1.0 / std::sqrt(var / double(D) + double(blk.eps));
+  for (int64_t c = 0; c < D; ++c) {
+    xhat[c] = (at2(x, r, c) - mean) * *rstd;
+    u[c] = xhat[c] * at1(blk.ln_weight, c) + at1(blk.ln_bias, c);
+  }
+}
+
+// h = u W1^T + b1 for one row.
+void pre_activation(const double* u, const TensorView& w1, const TensorView& b1, int64_t D, int64_t H, double* h) {
   for (int64_t j = 0; j < H; ++j) {
     double s = at1(b1, j);
-    for (int64_t c = 0; c < D; ++c) s += at2(x, r, c) * at2(w1, j, c);
+    for (int64_t c = 0; c < D; ++c) s += u[c] * at2(w1, j, c);
     h[j] = s;
   }
 }
@@ -33,15 +51,17 @@ void pre_activation(const TensorView& x, const TensorView& w1, const TensorView&
 }  // namespace
 
 void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorView& b1, const TensorView& w2,
-                      const TensorView& b2, double* y, double* h) {
+                      const TensorView& b2, double* y, double* h, const MlpBlock& block) {
   const int64_t rows = x.shape[0], D = x.shape[1], H = w1.shape[0];
-  std::vector<double> hr(size_t(H), 0.0);
+  std::vector<double> u(static_cast<size_t>(D)), xhat(static_cast<size_t>(D)), hr(static_cast<size_t>(H));
+  double rstd = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    pre_activation(x, w1, b1, r, D, H, hr.data());
+    input_row(x, block, r, D, u.data(), xhat.data(), &rstd);
+    pre_activation(u.data(), w1, b1, D, H, hr.data());
     if (h)
       for (int64_t j = 0; j < H; ++j) h[r * H + j] = hr[size_t(j)];
     for (int64_t c = 0; c < D; ++c) {
-      double s = at1(b2, c);
+      double s = at1(b2, c) + (block.residual ? at2(x, r, c) : 0.0);
       for (int64_t j = 0; j < H; ++j) s += hr[size_t(j)] * phi_cdf(hr[size_t(j)]) * at2(w2, c, j);
       y[r * D + c] = s;
     }
@@ -49,14 +69,22 @@ void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorVie
 }
 
 void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorView& w1, const TensorView& b1,
-                       const TensorView& w2, double* dx, double* dw1, double* db1, double* dw2, double* db2) {
+                       const TensorView& w2, double* dx, double* dw1, double* db1, double* dw2, double* db2,
+                       const MlpBlock& block, double* dln_weight, double* dln_bias) {
   const int64_t rows = x.shape[0], D = x.shape[1], H = w1.shape[0];
+  const bool ln = given(block.ln_weight);
   for (int64_t i = 0; i < H * D; ++i) dw1[i] = dw2[i] = 0.0;
   for (int64_t j = 0; j < H; ++j) db1[j] = 0.0;
-  for (int64_t c = 0; c < D; ++c) db2[c] = 0.0;
-  std::vector<double> h(size_t(H), 0.0), dh(size_t(H), 0.0);
+  for (int64_t c = 0; c < D; ++c) {
+    db2[c] = 0.0;
+    if (dln_weight) dln_weight[c] = 0.0;
+    if (dln_bias) dln_bias[c] = 0.0;
+  }
+  std::vector<double> u(static_cast<size_t>(D)), xhat(u), du(u), h(static_cast<size_t>(H)), dh(h);
+  double rstd = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    pre_activation(x, w1, b1, r, D, H, h.data());
+    input_row(x, block, r, D, u.data(), xhat.data(), &rstd);
+    pre_activation(u.data(), w1, b1, D, H, h.data());
     for (int64_t j = 0; j < H; ++j) {
       double da = 0.0;  // d loss / d gelu(h_j)
       for (int64_t c = 0; c < D; ++c) da += at2(dy, r, c) * at2(w2, c, j);
@@ -70,10 +98,25 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
       double s = 0.0;
       for (int64_t j = 0; j < H; ++j) {
         s += dh[size_t(j)] * at2(w1, j, c);
-        dw1[j * D + c] += dh[size_t(j)] * at2(x, r, c);
+        dw1[j * D + c] += dh[size_t(j)] * u[size_t(c)];
       }
-      dx[r * D + c] = s;
+      du[size_t(c)] = s;  // d loss / d u_c
     }
+    if (ln) {  // through the LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = du ln_weight
+      double mg = 0, mgx = 0;
+      for (int64_t c = 0; c < D; ++c) {
+        const double g = du[size_t(c)] * at1(block.ln_weight, c);
+        mg += g;
+        mgx += g * xhat[size_t(c)];
+        if (dln_weight) dln_weight[c] += du[size_t(c)] * xhat[size_t(c)];
+        if (dln_bias) dln_bias[c] += du[size_t(c)];
+      }
+      mg /= double(D);
+      mgx /= double(D);
+      for (int64_t c = 0; c < D; ++c)
+        du[size_t(c)] = rstd * (du[size_t(c)] * at1(block.ln_weight, c) - mg - xhat[size_t(c)] * mgx);
+    }
+    for (int64_t c = 0; c < D; ++c) dx[r * D + c] = du[size_t(c)] + (block.residual ? at2(dy, r, c) : 0.0);
   }
 }
 
