@@ -83,9 +83,11 @@ void BlockImpl::reset() {
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  const at::Tensor h = x + drop(attn(ln1(x)));
+  at::Tensor a;
+  if (fused) a = attn->forward_ln(x, ln1->weight, ln1->bias, ln1->eps);  // (undefined where it does not apply)
+  const at::Tensor h = x + drop(a.defined() ? a : attn(ln1(x)));
   // (ln2, the MLP and the residual in one call where no dropout sits between them)
-  if (mlp->fused && (dropout_p == 0 || !is_training())) return mlp->forward_block(h, *ln2);
+  if (fused && (dropout_p == 0 || !is_training())) return mlp->forward_block(h, *ln2);
   return h + drop(mlp(ln2(h)));
 }
 
@@ -125,7 +127,7 @@ void DecoderImpl::reset() {
   const AttentionGeometry g{c.width, c.heads, c.context, /*causal=*/true, c.bias, c.qk_layernorm};
   for (const LayerAttentionSpec& s : layer_specs) {
     Block b(s, g, 4 * c.width, c.dropout);
-    b->mlp->fused = c.fused_mlp;
+    b->set_fused(c.fused);
     blocks->push_back(b);
   }
   ln_f = register_module("ln_f", Norm(c.width, c.bias));

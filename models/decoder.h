@@ -95,6 +95,13 @@ class BlockImpl : public ::torch::nn::Cloneable<BlockImpl> {
   AttentionGeometry geometry;
   int64_t mlp_hidden;
   double dropout_p;
+  // strata's fused kernels for ln1 + the q/k/v projection and ln2 + MLP + residual (false: ATen
+  // ops, as bench train's plain-LibTorch peer); set_fused sets the MLP's too.
+  bool fused = true;
+  void set_fused(bool on) {
+    fused = on;
+    mlp->fused = on;
+  }
   Norm ln1{nullptr}, ln2{nullptr};
   SelfAttention attn{nullptr};
   Mlp mlp{nullptr};
@@ -111,7 +118,7 @@ struct DecoderConfig {
   int64_t input_dim = 0, output_dim = 1;   // regression: read_in Linear(input_dim -> width), head width -> output_dim
   int64_t width = 128, layers = 4, heads = 4, context = 256;
   bool bias = false, qk_layernorm = false;
-  bool fused_mlp = true;                   // MlpImpl::fused of every block
+  bool fused = true;                       // BlockImpl::fused of every block
   double dropout = 0;
   std::string attention = "mha";           // pattern (models/layer_attention.h)
 };

@@ -58,7 +58,7 @@ void ForecasterImpl::reset() {
   blocks = register_module("blocks", ::torch::nn::ModuleList());
   for (const LayerAttentionSpec& s : layer_specs) {
     Block b(s, encoder_geometry(c, N), c.ffn, c.dropout);
-    b->mlp->fused = c.fused_mlp;
+    b->set_fused(c.fused);
     blocks->push_back(b);
   }
   ln_f = register_module("ln_f", Norm(c.width, c.bias));

@@ -46,7 +46,7 @@ struct ForecasterConfig {
   int64_t patch_len = 16, stride = 8;
   bool revin = true;
   bool bias = true, qk_layernorm = false;
-  bool fused_mlp = true;  // MlpImpl::fused of every block
+  bool fused = true;  // BlockImpl::fused of every block
   double dropout = 0.2;
   std::string attention = "mha";  // non-causal pattern
 };

@@ -11,6 +11,7 @@
 #include "models/spec_util.h"
 #include "strata/attention.h"
 #include "strata/error.h"
+#include "strata/torch/mlp.h"
 #include "strata/monarch.h"
 #include "strata/structured.h"
 #include "strata/torch/attention.h"
@@ -486,6 +487,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> SelfAttentionImpl::qkv(const at::
     k = at::layer_norm(k, {head_dim}, k_norm_weight, k_norm_bias, 1e-5);
   }
   return {q, k, v};
+}
+
+at::Tensor SelfAttentionImpl::forward_ln(const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias,
+                                         double eps) {
+  const auto dense = dense_args();
+  if (!dense || geometry.qk_layernorm || x.dim() != 3 || x.size(2) != geometry.width || x.size(0) * x.size(1) < 16)
+    return {};
+  const at::Tensor w = at::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // 3 D x D, as packed_qkv
+  const at::Tensor b = geometry.bias ? at::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : at::Tensor();
+  strata::torch::MlpBlockArgs ln;
+  ln.ln_weight = ln_weight;
+  ln.ln_bias = ln_bias;
+  ln.eps = eps;
+  const at::Tensor qkv =
+      strata::torch::ln_linear(x, w, b, ln).view({x.size(0), x.size(1), 3, geometry.heads, head_dim});
+  return out_proj(strata::torch::attention_qkvpacked(qkv, *dense).reshape({x.size(0), x.size(1), geometry.width}));
 }
 
 at::Tensor SelfAttentionImpl::packed_qkv(const at::Tensor& x) const {

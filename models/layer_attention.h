@@ -190,6 +190,11 @@ class SelfAttentionImpl : public ::torch::nn::Cloneable<SelfAttentionImpl>, publ
   at::Tensor packed_qkv(const at::Tensor& x) const;
   // The dense kinds (mha, swa, longformer): the AttentionArgs attend() passes; nullopt otherwise.
   std::optional<strata::torch::AttentionArgs> dense_args() const;
+  // forward(layer_norm(x, ln_weight, ln_bias, eps)) with the LayerNorm fused into the q/k/v
+  // projection (strata::torch::ln_linear) and the attention on the packed q/k/v: a pre-LN block's
+  // ln1 + attention. Undefined where it does not apply (kinds other than the dense ones,
+  // qk_layernorm, fewer than 16 tokens): the caller then runs the two separately.
+  at::Tensor forward_ln(const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias, double eps);
   bool has_qkv() const;
   // mlr only: the MlrArgs attend() passes (blocks from mlr_block_context), e.g. for MlrKvCache.
   strata::torch::MlrArgs mlr_args() const;

@@ -43,7 +43,7 @@ DecoderConfig decoder_config(const TrainConfig& c) {
   d.heads = c.model.heads;
   d.bias = c.model.bias;
   d.qk_layernorm = c.model.qk_layernorm;
-  d.fused_mlp = c.model.fused_mlp;
+  d.fused = c.model.fused;
   d.dropout = c.model.dropout;
   d.attention = c.model.attention;
   return d;
@@ -197,7 +197,7 @@ class EttTask final : public Task {
     f.patch_len = c.model.patch_len;
     f.stride = c.model.stride;
     f.revin = c.model.revin;
-    f.fused_mlp = c.model.fused_mlp;
+    f.fused = c.model.fused;
     f.dropout = c.model.dropout;
     f.attention = c.model.attention;
     model_ = build_model(c, [&] { return Forecaster(f); });

@@ -68,7 +68,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model.attention", &m.attention, [](const TrainConfig& x) { return x.model.attention.empty() ? "a non-empty attention pattern" : ""; }},
       {"model.bias", &m.bias, nullptr},
       {"model.qk_layernorm", &m.qk_layernorm, nullptr},
-      {"model.fused_mlp", &m.fused_mlp, nullptr},
+      {"model.fused", &m.fused, nullptr},
       {"model.dropout", &m.dropout,
        [](const TrainConfig& x) { return x.model.dropout >= 0 && x.model.dropout < 1 ? "" : "a number in [0, 1)"; }},
       {"model.kind", &m.kind, [](const TrainConfig& x) { return one_of(x.model.kind, {"patch", "point"}); }},

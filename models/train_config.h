@@ -23,7 +23,7 @@ struct ModelConfig {
   int64_t width = 128, layers = 4, heads = 4;
   std::string attention = "mha";     // per-layer pattern (models/layer_attention.h)
   bool bias = false, qk_layernorm = false;
-  bool fused_mlp = true;             // the blocks' MLP as strata's fused kernel (false: three ATen ops)
+  bool fused = true;                 // the blocks' LayerNorms, projections and MLP as strata's fused kernels (false: ATen ops)
   double dropout = 0;
   // Forecaster (task ett) only:
   std::string kind = "patch";        // "patch" (PatchTST-style) | "point" (the paper's point-per-token)

@@ -120,6 +120,52 @@ struct GeluMlpFunction : public ::torch::autograd::Function<GeluMlpFunction> {
   }
 };
 
+struct LnLinearFunction : public ::torch::autograd::Function<LnLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
+                            const at::Tensor& b_in, const at::Tensor& ln_w_in, const at::Tensor& ln_b_in, double eps) {
+    const char* where = "ln_linear";
+    const int64_t D = x_in.size(-1), H = w_in.size(0);
+    const at::Tensor x = as_rows(x_in, D), w = last_contiguous(w_in), b = last_contiguous(bias_or_none(b_in));
+    const at::Tensor ln_w = last_contiguous(bias_or_none(ln_w_in)), ln_b = last_contiguous(bias_or_none(ln_b_in));
+    at::Tensor stats = ln_w.defined() ? at::empty({x.size(0), 2}, x.options()) : at::Tensor();
+    at::Tensor y = binding::with_huge_pages(at::empty({x.size(0), H}, x.options()));
+    ln_linear_forward(view_of(x, where, "x", kF32), view_of(w, where, "w", kF32), optional_view(b, where, "b"),
+                      view_of(y, where, "y"), block_of(where, ln_w, ln_b, eps, false, stats));
+    ctx->save_for_backward({x, w, stats, ln_w, ln_b});
+    ctx->saved_data["b"] = b.defined();
+    ctx->saved_data["eps"] = eps;
+    std::vector<int64_t> sizes = x_in.sizes().vec();
+    sizes.back() = H;
+    return y.view(sizes);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const char* where = "ln_linear (backward)";
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1], &stats = s[2], &ln_w = s[3], &ln_b = s[4];
+    const int64_t D = x.size(1), H = w.size(0);
+    std::vector<int64_t> x_sizes = grads[0].sizes().vec();
+    x_sizes.back() = D;
+    const at::Tensor dy = as_rows(grads[0], H);
+    const auto opt = x.options();
+    auto maybe = [&](int i, at::IntArrayRef sizes) {
+      return ctx->needs_input_grad(size_t(i)) ? binding::with_huge_pages(at::empty(sizes, opt)) : at::Tensor();
+    };
+    at::Tensor dx = maybe(0, {x.size(0), D}), dw = maybe(1, {H, D});
+    at::Tensor db = ctx->saved_data["b"].toBool() ? maybe(2, {H}) : at::Tensor();
+    at::Tensor dln_w = ln_w.defined() ? maybe(3, {D}) : at::Tensor();
+    at::Tensor dln_b = ln_b.defined() ? maybe(4, {D}) : at::Tensor();
+    ln_linear_backward(view_of(dy, where, "dy", kF32), view_of(x, where, "x", kF32), view_of(w, where, "w", kF32),
+                       optional_view(dx, where, "dx"), optional_view(dw, where, "dw"), optional_view(db, where, "db"),
+                       block_of(where, ln_w, ln_b, ctx->saved_data["eps"].toDouble(), false, stats),
+                       optional_view(dln_w, where, "dln_weight"), optional_view(dln_b, where, "dln_bias"));
+    if (dx.defined()) dx = dx.view(x_sizes);
+    variable_list out{dx, dw, db, dln_w, dln_b};
+    out = binding::once_differentiable(out, {x, w, ln_w, ln_b, grads[0]}, "ln_linear");
+    out.emplace_back();  // eps
+    return out;
+  }
+};
+
 }  // namespace
 
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
@@ -148,6 +194,32 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
   const at::Tensor none = at::empty({0}, x.options());
   return GeluMlpFunction::apply(x, w1, b1.defined() ? b1 : none, w2, b2.defined() ? b2 : none, lw.defined() ? lw : none,
                                 lb.defined() ? lb : none, block.eps, block.residual);
+}
+
+at::Tensor ln_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const MlpBlockArgs& block) {
+  const char* where = "ln_linear";
+  STRATA_CHECK_ARG(x.defined(), where, "x", "a defined tensor", "an undefined tensor");
+  STRATA_CHECK_ARG(w.defined() && w.dim() == 2 && w.size(0) >= 1, where, "w", "a 2-D tensor [out >= 1, width]",
+                   w.defined() ? cat(w.sizes()) : std::string("an undefined tensor"));
+  STRATA_CHECK_ARG(x.dim() >= 1 && x.size(-1) == w.size(1), where, "x",
+                   cat("a tensor (..., ", w.size(1), ") (w's width)"), cat(x.sizes()));
+  STRATA_CHECK_ARG(!block.residual, where, "block.residual", "false (the output's width is w's out)", "true");
+  STRATA_CHECK_ARG(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), where, "b",
+                   cat("a 1-D tensor [", w.size(0), "] (w's out) or none"), cat(b.sizes()));
+  const at::Tensor &lw = block.ln_weight, &lb = block.ln_bias;
+  STRATA_CHECK_ARG(!lw.defined() || (lw.dim() == 1 && lw.size(0) == w.size(1)), where, "ln_weight",
+                   cat("a 1-D tensor [", w.size(1), "] (w's width) or none"), cat(lw.sizes()));
+  STRATA_CHECK_ARG(!lb.defined() || (lw.defined() && lb.dim() == 1 && lb.size(0) == w.size(1)), where, "ln_bias",
+                   cat("a 1-D tensor [", w.size(1), "] (w's width) with ln_weight, or none"), cat(lb.sizes()));
+  if (!(x.device().is_cpu() && x.scalar_type() == at::kFloat)) {
+    STRATA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, where, "x",
+                     "dtype float32 (the kernels) or float64 (ATen ops)", cat(x.scalar_type()));
+    const at::Tensor u = lw.defined() ? at::layer_norm(x, {x.size(-1)}, lw, lb, block.eps) : x;
+    return at::linear(u, w, b);
+  }
+  const at::Tensor none = at::empty({0}, x.options());
+  return LnLinearFunction::apply(x, w, b.defined() ? b : none, lw.defined() ? lw : none, lb.defined() ? lb : none,
+                                 block.eps);
 }
 
 }  // namespace strata::torch

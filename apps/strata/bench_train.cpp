@@ -5,7 +5,7 @@
 //
 // Groups (each through the bench harness: warm-up, ABBA rounds, check of the last timed calls):
 //   step T=256   one training step (forward, backward, AdamW) of configs/charlm.toml's cpu size,
-//                attention "mha" and the fused MLP (ours) vs "sdpa" and model.fused_mlp = false
+//                attention "mha" and the fused MLP (ours) vs "sdpa" and model.fused = false
 //                (peer: plain LibTorch). The optimizer's lr is 0, so every call
 //                sees the same weights and the two models (identical random parameters: same seed,
 //                same structure; not the muP init, whose zero outputs hide the attention) must give
@@ -200,7 +200,7 @@ void run_pair(BenchReport& rep, const Pair& pr, const std::string& size, const T
     return s;
   };
   auto peer_sets = sets_with(pr.peer_attn);
-  if (pr.same_model) peer_sets.push_back("model.fused_mlp=false");  // the plain-LibTorch model
+  if (pr.same_model) peer_sets.push_back("model.fused=false");  // the plain-LibTorch model
   StepModel ours = make_step_model(size, sets_with(pr.ours_attn)), peer = make_step_model(size, peer_sets);
   const auto* dec = dynamic_cast<models::DecoderImpl*>(&ours.task->model());
   const int64_t width = dec->config.width, layers = dec->config.layers, heads = dec->config.heads;

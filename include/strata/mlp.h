@@ -48,6 +48,16 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
                        const TensorView& dw2, const TensorView& db2, const MlpBlock& block = {},
                        const TensorView& dln_weight = {}, const TensorView& dln_bias = {});
 
+// The first layer alone with the block's LayerNorm, y [rows x H] := LN(x) W^T + b (w [H x D], b [H]
+// optional; block.residual must be false): a pre-LN block's ln1 and fused q/k/v projection in one
+// call each way. The backward gives dx, dw, db, dln_weight, dln_bias (each optional) from dy
+// [rows x H] and the forward's x and block.stats.
+void ln_linear_forward(const TensorView& x, const TensorView& w, const TensorView& b, const TensorView& y,
+                       const MlpBlock& block);
+void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorView& w, const TensorView& dx,
+                        const TensorView& dw, const TensorView& db, const MlpBlock& block,
+                        const TensorView& dln_weight = {}, const TensorView& dln_bias = {});
+
 // ---- Double-precision reference: the definition, one row at a time (erf from <cmath>) ---------
 namespace reference {
 // y: rows * D doubles, h: rows * H doubles (contiguous; h may be null). Inputs float32 or float64;
@@ -59,6 +69,10 @@ void gelu_mlp_forward(const TensorView& x, const TensorView& w1, const TensorVie
 void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorView& w1, const TensorView& b1,
                        const TensorView& w2, double* dx, double* dw1, double* db1, double* dw2, double* db2,
                        const MlpBlock& block = {}, double* dln_weight = nullptr, double* dln_bias = nullptr);
+// ln_linear: y rows * H; dx rows * D, dw H * D, db H, dln_weight, dln_bias D (zeros without a LayerNorm).
+void ln_linear_forward(const TensorView& x, const TensorView& w, const TensorView& b, double* y, const MlpBlock& block);
+void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorView& w, double* dx, double* dw,
+                        double* db, const MlpBlock& block, double* dln_weight, double* dln_bias);
 }  // namespace reference
 
 }  // namespace strata

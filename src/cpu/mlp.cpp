@@ -150,4 +150,61 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
   STRATA_ACTIVE_KERNELS(kMlpKernels).backward(p);
 }
 
+void ln_linear_forward(const TensorView& x, const TensorView& w, const TensorView& b, const TensorView& y,
+                       const MlpBlock& block) {
+  const char* where = "ln_linear_forward";
+  STRATA_CHECK_ARG(x.ndim == 2 && x.shape[1] >= 1, where, "x", "a 2-D tensor [rows, width >= 1]", x.shape_str());
+  STRATA_CHECK_ARG(w.ndim == 2 && w.shape[0] >= 1, where, "w", "a 2-D tensor [out >= 1, width]", w.shape_str());
+  const MlpSizes s{x.shape[0], x.shape[1], w.shape[0]};
+  check_matrix(where, "x", x, s.rows, s.D, "(rows, width)");
+  check_matrix(where, "w", w, s.H, s.D, "(out, x's width)");
+  if (given(b)) check_vector(where, "b", b, s.H, "(w's out)");
+  check_out_matrix(where, "y", y, s.rows, s.H, "(x's rows, w's out)");
+  STRATA_CHECK_ARG(!block.residual, where, "block.residual", "false (y's width is w's out, not x's)", "true");
+  cpu::MlpParams p = params_of(s, x, w, w);
+  p.linear_only = true;
+  p.b1 = given(b) ? static_cast<const float*>(b.data) : nullptr;
+  p.h = static_cast<float*>(y.data);
+  p.h_rs = y.stride[0];
+  set_block(where, s, block, p);
+  if (p.stats) check_no_overlap(where, "block.stats", block.stats);
+  STRATA_ACTIVE_KERNELS(kMlpKernels).forward(p);
+}
+
+void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorView& w, const TensorView& dx,
+                        const TensorView& dw, const TensorView& db, const MlpBlock& block, const TensorView& dln_weight,
+                        const TensorView& dln_bias) {
+  const char* where = "ln_linear_backward";
+  STRATA_CHECK_ARG(x.ndim == 2 && x.shape[1] >= 1, where, "x", "a 2-D tensor [rows, width >= 1]", x.shape_str());
+  STRATA_CHECK_ARG(w.ndim == 2 && w.shape[0] >= 1, where, "w", "a 2-D tensor [out >= 1, width]", w.shape_str());
+  const MlpSizes s{x.shape[0], x.shape[1], w.shape[0]};
+  check_matrix(where, "x", x, s.rows, s.D, "(rows, width)");
+  check_matrix(where, "w", w, s.H, s.D, "(out, x's width)");
+  check_matrix(where, "dy", dy, s.rows, s.H, "(x's rows, w's out)");
+  STRATA_CHECK_ARG(!block.residual, where, "block.residual", "false (y's width is w's out, not x's)", "true");
+  if (given(dx)) check_out_matrix(where, "dx", dx, s.rows, s.D, "(like x)");
+  if (given(dw)) {
+    check_out_matrix(where, "dw", dw, s.H, s.D, "(like w)");
+    STRATA_CHECK_ARG(dw.stride[0] == s.D, where, "dw", "a contiguous tensor", cat("row stride ", dw.stride[0]));
+  }
+  if (given(db)) check_vector(where, "db", db, s.H, "(w's out)");
+  cpu::MlpParams p = params_of(s, x, w, w);
+  p.linear_only = true;
+  p.dy = static_cast<const float*>(dy.data);
+  p.dy_rs = dy.stride[0];
+  auto out = [](const TensorView& t) { return given(t) ? static_cast<float*>(t.data) : nullptr; };
+  p.dx = out(dx);
+  p.dx_rs = given(dx) ? dx.stride[0] : 0;
+  p.dw1 = out(dw);
+  p.db1 = out(db);
+  set_block(where, s, block, p);
+  STRATA_CHECK_ARG(p.ln_w || (!given(dln_weight) && !given(dln_bias)), where, "dln_weight",
+                   "none without block.ln_weight", "a tensor");
+  if (given(dln_weight)) check_vector(where, "dln_weight", dln_weight, s.D, "(x's width)");
+  if (given(dln_bias)) check_vector(where, "dln_bias", dln_bias, s.D, "(x's width)");
+  p.dln_w = out(dln_weight);
+  p.dln_b = out(dln_bias);
+  STRATA_ACTIVE_KERNELS(kMlpKernels).backward(p);
+}
+
 }  // namespace strata

@@ -36,6 +36,9 @@ struct MlpParams {
   float ln_eps = 1e-5f;
   float* stats = nullptr;
   bool residual = false;
+  // The first layer alone (ln_linear_forward / _backward): the forward writes h = u W1^T + b1 to h
+  // and stops; the backward reads dy as dh (rows x H) and gives dx, dw1, db1, dln_w, dln_b.
+  bool linear_only = false;
   float* dln_w = nullptr;  // D (backward, optional)
   float* dln_b = nullptr;  // D (backward, optional)
   // backward: dy in; each gradient out is optional (null: not computed) and overwritten.

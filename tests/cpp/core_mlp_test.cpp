@@ -164,6 +164,66 @@ TEST(Mlp, KernelsMatchTheReference) {
   test::restore_best_isa();
 }
 
+// ln_linear (the first layer alone with the block's LayerNorm: a pre-LN block's ln1 + q/k/v
+// projection) against its reference, with and without the LayerNorm and the bias, every ISA.
+TEST(Mlp, LnLinearMatchesTheReference) {
+  struct L {
+    int64_t rows, D, H;
+    bool ln, bias;
+  };
+  uint32_t seed = 40;
+  for (const L& c : std::vector<L>{{7, 5, 17, true, true},
+                                   {97, 128, 384, true, false},
+                                   {130, 33, 50, false, true},
+                                   {1025, 64, 192, true, true}}) {
+    for (Isa isa : test::isas_to_test(double(c.rows) * c.D * c.H, 5e6)) {
+      set_isa(isa);
+      SCOPED_TRACE(testing::Message() << "rows " << c.rows << " D " << c.D << " H " << c.H << " ln " << c.ln << " isa "
+                                      << isa_name(isa));
+      std::mt19937 rng(seed);
+      Mat x(c.rows, c.D), w(c.H, c.D), b(-1, c.H), lnw(-1, c.D), lnb(-1, c.D), stats(c.rows, 2), dy(c.rows, c.H);
+      x.fill(rng, 2);
+      w.fill(rng, 1.0 / std::sqrt(double(c.D)));
+      b.fill(rng, 0.5);
+      lnw.fill(rng, 1);
+      lnb.fill(rng, 0.5);
+      dy.fill(rng, 1);
+      MlpBlock blk;
+      if (c.ln) {
+        blk.ln_weight = lnw.view;
+        blk.ln_bias = lnb.view;
+        blk.stats = stats.view;
+      }
+      const TensorView bv = c.bias ? b.view : TensorView{};
+      Mat y(c.rows, c.H);
+      ln_linear_forward(x.view, w.view, bv, y.view, blk);
+      std::vector<double> ry(size_t(c.rows * c.H));
+      reference::ln_linear_forward(x.view, w.view, bv, ry.data(), blk);
+      EXPECT_LT(rel_err(y.values(), ry), 2e-5);
+      Mat dx(c.rows, c.D), dw(c.H, c.D), db(-1, c.H), dlnw(-1, c.D), dlnb(-1, c.D);
+      ln_linear_backward(dy.view, x.view, w.view, dx.view, dw.view, db.view, blk, c.ln ? dlnw.view : TensorView{},
+                         c.ln ? dlnb.view : TensorView{});
+      std::vector<double> rdx(size_t(c.rows * c.D)), rdw(size_t(c.H * c.D)), rdb(size_t(c.H)), rlw(size_t(c.D)),
+          rlb(size_t(c.D));
+      reference::ln_linear_backward(dy.view, x.view, w.view, rdx.data(), rdw.data(), rdb.data(), blk, rlw.data(),
+                                    rlb.data());
+      EXPECT_LT(rel_err(dx.values(), rdx), 2e-5);
+      EXPECT_LT(rel_err(dw.values(), rdw), 5e-5);
+      EXPECT_LT(rel_err(db.values(), rdb), 5e-5);
+      if (c.ln) {
+        EXPECT_LT(rel_err(dlnw.values(), rlw), 5e-5);
+        EXPECT_LT(rel_err(dlnb.values(), rlb), 5e-5);
+      }
+    }
+    ++seed;
+  }
+  test::restore_best_isa();
+  Mat x(4, 8), w(6, 8), y(4, 6);
+  MlpBlock res;
+  res.residual = true;
+  expect_error([&] { ln_linear_forward(x.view, w.view, {}, y.view, res); }, {"block.residual"});
+}
+
 // Any subset of the gradients: the same values as the full call's (the same bits: each gradient
 // comes from the same products whatever else is computed).
 TEST(Mlp, OptionalGradients) {

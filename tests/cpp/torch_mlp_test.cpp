@@ -82,6 +82,37 @@ TEST(TorchMlp, BlockLayerNormAndResidual) {
   }
 }
 
+// ln_linear: fp32 kernels against float64 ATen autograd (LayerNorm with and without bias, none).
+TEST(TorchMlp, LnLinearMatchesFloat64Autograd) {
+  at::manual_seed(6);
+  const int64_t D = 40, H = 120;
+  for (int mode : {0, 1, 2}) {
+    SCOPED_TRACE(testing::Message() << "mode " << mode);
+    const at::Tensor x = at::randn({3, 21, D}, at::kDouble) * 2 - 0.3, g = at::randn({3, 21, H}, at::kDouble);
+    const at::Tensor w = at::randn({H, D}, at::kDouble) / std::sqrt(double(D)), b = at::randn({H}, at::kDouble);
+    const at::Tensor lnw = 1 + 0.2 * at::randn({D}, at::kDouble), lnb = 0.2 * at::randn({D}, at::kDouble);
+    auto go = [&](at::ScalarType t) {
+      std::vector<at::Tensor> leaves{x.to(t).requires_grad_(), w.to(t).requires_grad_(), b.to(t).requires_grad_()};
+      strata::torch::MlpBlockArgs blk;
+      if (mode < 2) {
+        leaves.push_back(lnw.to(t).requires_grad_());
+        blk.ln_weight = leaves.back();
+      }
+      if (mode == 0) {
+        leaves.push_back(lnb.to(t).requires_grad_());
+        blk.ln_bias = leaves.back();
+      }
+      const at::Tensor y = strata::torch::ln_linear(leaves[0], leaves[1], leaves[2], blk);
+      auto grads = ::torch::autograd::grad({y}, leaves, {g.to(t)});
+      grads.insert(grads.begin(), y.detach());
+      return grads;
+    };
+    const auto want = go(at::kDouble), got = go(at::kFloat);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_LT(rel_err(got[i].to(at::kDouble), want[i]), 5e-5) << "output " << i;
+  }
+}
+
 TEST(TorchMlp, StridedInputAndPartialGradients) {
   at::manual_seed(1);
   const int64_t D = 20, H = 64;

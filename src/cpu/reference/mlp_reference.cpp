@@ -120,4 +120,55 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
   }
 }
 
+void ln_linear_forward(const TensorView& x, const TensorView& w, const TensorView& b, double* y,
+                       const MlpBlock& block) {
+  const int64_t rows = x.shape[0], D = x.shape[1], H = w.shape[0];
+  std::vector<double> u(static_cast<size_t>(D)), xhat(u);
+  double rstd = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    input_row(x, block, r, D, u.data(), xhat.data(), &rstd);
+    pre_activation(u.data(), w, b, D, H, y + r * H);
+  }
+}
+
+void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorView& w, double* dx, double* dw,
+                        double* db, const MlpBlock& block, double* dln_weight, double* dln_bias) {
+  const int64_t rows = x.shape[0], D = x.shape[1], H = w.shape[0];
+  for (int64_t i = 0; i < H * D; ++i) dw[i] = 0.0;
+  for (int64_t j = 0; j < H; ++j) db[j] = 0.0;
+  for (int64_t c = 0; c < D; ++c) {
+    if (dln_weight) dln_weight[c] = 0.0;
+    if (dln_bias) dln_bias[c] = 0.0;
+  }
+  std::vector<double> u(static_cast<size_t>(D)), xhat(u), du(u);
+  double rstd = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    input_row(x, block, r, D, u.data(), xhat.data(), &rstd);
+    for (int64_t j = 0; j < H; ++j) {
+      db[j] += at2(dy, r, j);
+      for (int64_t c = 0; c < D; ++c) dw[j * D + c] += at2(dy, r, j) * u[size_t(c)];
+    }
+    for (int64_t c = 0; c < D; ++c) {
+      double s = 0;
+      for (int64_t j = 0; j < H; ++j) s += at2(dy, r, j) * at2(w, j, c);
+      du[size_t(c)] = s;
+    }
+    if (given(block.ln_weight)) {
+      double mg = 0, mgx = 0;
+      for (int64_t c = 0; c < D; ++c) {
+        const double g = du[size_t(c)] * at1(block.ln_weight, c);
+        mg += g;
+        mgx += g * xhat[size_t(c)];
+        if (dln_weight) dln_weight[c] += du[size_t(c)] * xhat[size_t(c)];
+        if (dln_bias) dln_bias[c] += du[size_t(c)];
+      }
+      mg /= double(D);
+      mgx /= double(D);
+      for (int64_t c = 0; c < D; ++c)
+        du[size_t(c)] = rstd * (du[size_t(c)] * at1(block.ln_weight, c) - mg - xhat[size_t(c)] * mgx);
+    }
+    for (int64_t c = 0; c < D; ++c) dx[r * D + c] = du[size_t(c)];
+  }
+}
+
 }  // namespace strata::reference

@@ -22,4 +22,9 @@ struct MlpBlockArgs {
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                     const at::Tensor& b2, const MlpBlockArgs& block = {});
 
+// linear(LN(x), w, b) (strata::ln_linear_forward): x (..., D) -> (..., H), w [H x D], b [H] or
+// undefined, block's LayerNorm optional, block.residual false: a pre-LN block's ln1 and fused
+// q/k/v projection, one call each way. Devices and dtypes as gelu_mlp.
+at::Tensor ln_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const MlpBlockArgs& block);
+
 }  // namespace strata::torch
