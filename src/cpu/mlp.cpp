@@ -71,6 +71,17 @@ void set_block(const char* where, const MlpSizes& s, const MlpBlock& blk, cpu::M
   p.stats = static_cast<float*>(blk.stats.data);
 }
 
+// The LayerNorm's weight and bias gradients of a backward (after set_block): checked, into p.
+void set_ln_grads(const char* where, const MlpSizes& s, const TensorView& dln_weight, const TensorView& dln_bias,
+                  cpu::MlpParams& p) {
+  STRATA_CHECK_ARG(p.ln_w || (!given(dln_weight) && !given(dln_bias)), where, "dln_weight",
+                   "none without block.ln_weight", "a tensor");
+  if (given(dln_weight)) check_vector(where, "dln_weight", dln_weight, s.D, "(x's width)");
+  if (given(dln_bias)) check_vector(where, "dln_bias", dln_bias, s.D, "(x's width)");
+  p.dln_w = given(dln_weight) ? static_cast<float*>(dln_weight.data) : nullptr;
+  p.dln_b = given(dln_bias) ? static_cast<float*>(dln_bias.data) : nullptr;
+}
+
 cpu::MlpParams params_of(const MlpSizes& s, const TensorView& x, const TensorView& w1, const TensorView& w2) {
   cpu::MlpParams p;
   p.rows = s.rows;
@@ -141,12 +152,7 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
   p.dw2 = out(dw2);
   p.db2 = out(db2);
   set_block(where, s, block, p);
-  STRATA_CHECK_ARG(p.ln_w || (!given(dln_weight) && !given(dln_bias)), where, "dln_weight",
-                   "none without block.ln_weight", "a tensor");
-  if (given(dln_weight)) check_vector(where, "dln_weight", dln_weight, s.D, "(x's width)");
-  if (given(dln_bias)) check_vector(where, "dln_bias", dln_bias, s.D, "(x's width)");
-  p.dln_w = out(dln_weight);
-  p.dln_b = out(dln_bias);
+  set_ln_grads(where, s, dln_weight, dln_bias, p);
   STRATA_ACTIVE_KERNELS(kMlpKernels).backward(p);
 }
 
@@ -198,12 +204,7 @@ void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorV
   p.dw1 = out(dw);
   p.db1 = out(db);
   set_block(where, s, block, p);
-  STRATA_CHECK_ARG(p.ln_w || (!given(dln_weight) && !given(dln_bias)), where, "dln_weight",
-                   "none without block.ln_weight", "a tensor");
-  if (given(dln_weight)) check_vector(where, "dln_weight", dln_weight, s.D, "(x's width)");
-  if (given(dln_bias)) check_vector(where, "dln_bias", dln_bias, s.D, "(x's width)");
-  p.dln_w = out(dln_weight);
-  p.dln_b = out(dln_bias);
+  set_ln_grads(where, s, dln_weight, dln_bias, p);
   STRATA_ACTIVE_KERNELS(kMlpKernels).backward(p);
 }
 

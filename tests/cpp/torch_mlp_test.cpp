@@ -11,11 +11,13 @@
 
 #include "strata/error.h"
 #include "strata/torch/mlp.h"
+#include "test_util.h"  // expect_error
 #include "torch_test_util.h"
 
 namespace strata {
 namespace {
 
+using strata::test::expect_error;
 using strata::test::rel_err;
 
 // Output and gradients of sum(y * g) for gelu_mlp at the leaves' dtype (undefined b1 / b2: none);
@@ -127,17 +129,6 @@ TEST(TorchMlp, StridedInputAndPartialGradients) {
   const at::Tensor w2d = w2.to(at::kDouble).requires_grad_();
   at::linear(at::gelu(at::linear(x.to(at::kDouble), w1.to(at::kDouble))), w2d).sum().backward();
   EXPECT_LT(rel_err(w2l.grad().to(at::kDouble), w2d.grad()), 5e-5);
-}
-
-// Expects fn to throw strata::Error whose message holds every needle.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
-  }
 }
 
 TEST(TorchMlp, BadInput) {

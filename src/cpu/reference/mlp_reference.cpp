@@ -39,6 +39,23 @@ void input_row(const TensorView& x, const MlpBlock& blk, int64_t r, int64_t D, d
   }
 }
 
+// Through the LayerNorm for one row: du := d loss / d x = rstd (g - mean(g) - xhat mean(g xhat)),
+// g = du ln_weight; dln_weight += du xhat, dln_bias += du (each when given).
+void ln_backward(const MlpBlock& blk, int64_t D, const double* xhat, double rstd, double* du, double* dln_weight,
+                 double* dln_bias) {
+  double mg = 0, mgx = 0;
+  for (int64_t c = 0; c < D; ++c) {
+    const double g = du[c] * at1(blk.ln_weight, c);
+    mg += g;
+    mgx += g * xhat[c];
+    if (dln_weight) dln_weight[c] += du[c] * xhat[c];
+    if (dln_bias) dln_bias[c] += du[c];
+  }
+  mg /= double(D);
+  mgx /= double(D);
+  for (int64_t c = 0; c < D; ++c) du[c] = rstd * (du[c] * at1(blk.ln_weight, c) - mg - xhat[c] * mgx);
+}
+
 // h = u W1^T + b1 for one row.
 void pre_activation(const double* u, const TensorView& w1, const TensorView& b1, int64_t D, int64_t H, double* h) {
   for (int64_t j = 0; j < H; ++j) {
@@ -102,20 +119,7 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
       }
       du[size_t(c)] = s;  // d loss / d u_c
     }
-    if (ln) {  // through the LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = du ln_weight
-      double mg = 0, mgx = 0;
-      for (int64_t c = 0; c < D; ++c) {
-        const double g = du[size_t(c)] * at1(block.ln_weight, c);
-        mg += g;
-        mgx += g * xhat[size_t(c)];
-        if (dln_weight) dln_weight[c] += du[size_t(c)] * xhat[size_t(c)];
-        if (dln_bias) dln_bias[c] += du[size_t(c)];
-      }
-      mg /= double(D);
-      mgx /= double(D);
-      for (int64_t c = 0; c < D; ++c)
-        du[size_t(c)] = rstd * (du[size_t(c)] * at1(block.ln_weight, c) - mg - xhat[size_t(c)] * mgx);
-    }
+    if (ln) ln_backward(block, D, xhat.data(), rstd, du.data(), dln_weight, dln_bias);
     for (int64_t c = 0; c < D; ++c) dx[r * D + c] = du[size_t(c)] + (block.residual ? at2(dy, r, c) : 0.0);
   }
 }
@@ -153,20 +157,7 @@ void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorV
       for (int64_t j = 0; j < H; ++j) s += at2(dy, r, j) * at2(w, j, c);
       du[size_t(c)] = s;
     }
-    if (given(block.ln_weight)) {
-      double mg = 0, mgx = 0;
-      for (int64_t c = 0; c < D; ++c) {
-        const double g = du[size_t(c)] * at1(block.ln_weight, c);
-        mg += g;
-        mgx += g * xhat[size_t(c)];
-        if (dln_weight) dln_weight[c] += du[size_t(c)] * xhat[size_t(c)];
-        if (dln_bias) dln_bias[c] += du[size_t(c)];
-      }
-      mg /= double(D);
-      mgx /= double(D);
-      for (int64_t c = 0; c < D; ++c)
-        du[size_t(c)] = rstd * (du[size_t(c)] * at1(block.ln_weight, c) - mg - xhat[size_t(c)] * mgx);
-    }
+    if (given(block.ln_weight)) ln_backward(block, D, xhat.data(), rstd, du.data(), dln_weight, dln_bias);
     for (int64_t c = 0; c < D; ++c) dx[r * D + c] = du[size_t(c)];
   }
 }
