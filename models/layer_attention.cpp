@@ -491,9 +491,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> SelfAttentionImpl::qkv(const at::
 
 at::Tensor SelfAttentionImpl::forward_ln(const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias,
                                          double eps) {
-  const auto dense = dense_args();
-  if (!dense || geometry.qk_layernorm || x.dim() != 3 || x.size(2) != geometry.width || x.size(0) * x.size(1) < 16)
-    return {};
+  if (!packs_qkv(x)) return {};
   const at::Tensor w = at::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // 3 D x D, as packed_qkv
   const at::Tensor b = geometry.bias ? at::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : at::Tensor();
   strata::torch::MlpBlockArgs ln;
@@ -502,7 +500,17 @@ at::Tensor SelfAttentionImpl::forward_ln(const at::Tensor& x, const at::Tensor& 
   ln.eps = eps;
   const at::Tensor qkv =
       strata::torch::ln_linear(x, w, b, ln).view({x.size(0), x.size(1), 3, geometry.heads, head_dim});
-  return out_proj(strata::torch::attention_qkvpacked(qkv, *dense).reshape({x.size(0), x.size(1), geometry.width}));
+  return out_proj(attend_packed(qkv).reshape({x.size(0), x.size(1), geometry.width}));
+}
+
+bool SelfAttentionImpl::packs_qkv(const at::Tensor& x) const {
+  return (dense_args() || spec.kind == Kind::mlr) && !geometry.qk_layernorm && x.dim() == 3 &&
+         x.size(2) == geometry.width && x.size(0) * x.size(1) >= 16;
+}
+
+at::Tensor SelfAttentionImpl::attend_packed(const at::Tensor& qkv) const {
+  if (spec.kind == Kind::mlr) return strata::torch::mlr_attention_qkvpacked(qkv, mlr_args());
+  return strata::torch::attention_qkvpacked(qkv, *dense_args());
 }
 
 at::Tensor SelfAttentionImpl::packed_qkv(const at::Tensor& x) const {
@@ -563,9 +571,7 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x) {
   if (spec.kind == Kind::bmlr) return bmlr(x);
   // The dense kinds on a packed q/k/v (as qkv() projects them), so that the backward returns one
   // gradient for the projection's output instead of three for autograd to copy into one.
-  const auto dense = dense_args();
-  if (dense && x.size(0) * x.size(1) >= 16 && !geometry.qk_layernorm)
-    return out_proj(strata::torch::attention_qkvpacked(packed_qkv(x), *dense).reshape({x.size(0), x.size(1), geometry.width}));
+  if (packs_qkv(x)) return out_proj(attend_packed(packed_qkv(x)).reshape({x.size(0), x.size(1), geometry.width}));
   const auto [q, k, v] = qkv(x);
   return out_proj(attend(q, k, v).reshape({x.size(0), x.size(1), geometry.width}));
 }

@@ -195,6 +195,10 @@ class SelfAttentionImpl : public ::torch::nn::Cloneable<SelfAttentionImpl>, publ
   // ln1 + attention. Undefined where it does not apply (kinds other than the dense ones,
   // qk_layernorm, fewer than 16 tokens): the caller then runs the two separately.
   at::Tensor forward_ln(const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias, double eps);
+  // True when forward(x) runs the attention on the packed q/k/v (the dense kinds and mlr, without
+  // qk_layernorm, 16 tokens or more); attend_packed: that attention of qkv (batch x T x 3 x H x d).
+  bool packs_qkv(const at::Tensor& x) const;
+  at::Tensor attend_packed(const at::Tensor& qkv) const;
   bool has_qkv() const;
   // mlr only: the MlrArgs attend() passes (blocks from mlr_block_context), e.g. for MlrKvCache.
   strata::torch::MlrArgs mlr_args() const;

@@ -160,6 +160,27 @@ struct MlrFunction : public ::torch::autograd::Function<MlrFunction> {
   }
 };
 
+// MlrFunction over q, k, v = qkv[:, :, 0..2] whose backward returns one gradient for qkv.
+struct MlrPackedFunction : public ::torch::autograd::Function<MlrPackedFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, const MlrArgs& a) {
+    auto [out, lse] = op_calls::mlr_attention_forward(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), a);
+    ctx->save_for_backward({qkv, out, lse, defined_or_empty(a.segment_starts), defined_or_empty(a.segment_offsets)});
+    save_options(ctx, a);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &qkv = s[0], &out = s[1], &lse = s[2];
+    const MlrArgs a = load_options(ctx, s[3], s[4]);
+    at::Tensor dqkv = binding::with_huge_pages(at::empty(qkv.sizes(), qkv.options()));
+    mlr_attention_backward_into(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), out, lse, grads[0],
+                                dqkv.select(2, 0), dqkv.select(2, 1), dqkv.select(2, 2), a);
+    variable_list out_grads = binding::once_differentiable({dqkv}, {qkv, grads[0]}, "strata mlr_attention");
+    out_grads.emplace_back();  // no gradient for the options
+    return out_grads;
+  }
+};
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> mlr_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -192,6 +213,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
   strata::mlr_attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
                                  view_of(dv, where, "dv"), r.opt);
   return {dq, dk, dv};
+}
+
+void mlr_attention_backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                 const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq,
+                                 const at::Tensor& dk, const at::Tensor& dv, const MlrArgs& a) {
+  const char* where = "mlr_attention_backward";
+  const Layout l = binding::parse_layout(where, a.layout);
+  const QkvViews in = qkv_views(where, q, k, v, l, kKernelDTypes);
+  const ResolvedOptions r = make_options(where, a, l, in.d.batch);
+  strata::mlr_attention_backward(in.q, in.k, in.v, view_of(out, where, "out"), view_of(lse, where, "lse"),
+                                 view_of(dout, where, "dout"), view_of(dq, where, "dq"), view_of(dk, where, "dk"),
+                                 view_of(dv, where, "dv"), r.opt);
+}
+
+at::Tensor mlr_attention_qkvpacked(const at::Tensor& qkv, const MlrArgs& a) {
+  const char* where = "mlr_attention_qkvpacked";
+  STRATA_CHECK_ARG(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3, where, "qkv",
+                   "a 5-D tensor (batch, seq, 3, heads, head_dim)",
+                   qkv.defined() ? detail::cat(qkv.sizes()) : std::string("an undefined tensor"));
+  STRATA_CHECK_ARG(a.layout == "bshd", where, "layout", "\"bshd\" (qkv is batch x seq x 3 x heads x head_dim)",
+                   a.layout);
+  if (takes_torch_ops(qkv) || qkv.scalar_type() == at::kDouble)
+    return mlr_attention(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), a);
+  return MlrPackedFunction::apply(qkv, a);
 }
 
 at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a) {

@@ -111,6 +111,33 @@ const std::vector<Case> kCases = {
     {1, 40, 40, 2, 2, 8, {6, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},                 // 11 levels
 };
 
+// mlr_attention_qkvpacked: the same outputs and gradients as mlr_attention on the three views of qkv
+// (the same kernels: equal bits), its one gradient the three stacked; float64 through the reference.
+TEST(TorchMlr, PackedQkvEqualsThreeViews) {
+  at::manual_seed(9);
+  for (bool avg : {false, true})
+    for (int64_t T : {5, 64, 130})
+      for (auto dt : {at::kFloat, at::kDouble}) {
+        st::MlrArgs a;
+        a.ranks = {8, 4, 4};
+        a.context = (T + 3) / 4 * 4;  // a multiple of 2^(levels - 1); T itself need not be
+        a.level_average = avg;
+        const at::Tensor qkv0 = at::randn({2, T, 3, 2, 16}).to(dt), g = at::randn({2, T, 2, 16}).to(dt);
+        const at::Tensor p = qkv0.detach().requires_grad_();
+        const at::Tensor out_p = st::mlr_attention_qkvpacked(p, a);
+        out_p.backward(g);
+        const at::Tensor u = qkv0.detach().requires_grad_();
+        const std::vector<at::Tensor> views = u.unbind(2);
+        const at::Tensor out_u = st::mlr_attention(views[0], views[1], views[2], a);
+        out_u.backward(g);
+        EXPECT_TRUE(at::equal(out_p, out_u)) << "T " << T << " avg " << avg << " " << dt;
+        EXPECT_TRUE(at::equal(p.grad(), u.grad())) << "T " << T << " avg " << avg << " " << dt;
+      }
+  EXPECT_NE(message([] { st::mlr_attention_qkvpacked(at::randn({2, 5, 2, 2, 16}), st::MlrArgs{}); })
+                .find("argument 'qkv'"),
+            std::string::npos);
+}
+
 TEST(TorchMlr, ForwardAndGradsMatchReferenceFp32) {
   at::manual_seed(0);
   for (const Case& c : kCases) {

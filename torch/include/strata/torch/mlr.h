@@ -55,12 +55,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
                                                                       const at::Tensor& v, const at::Tensor& out,
                                                                       const at::Tensor& lse, const at::Tensor& dout,
                                                                       const MlrArgs& a);
+// The same, writing into dq, dk, dv (shaped as q, k, v; any strides; e.g. views of one buffer).
+void mlr_attention_backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                 const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq,
+                                 const at::Tensor& dk, const at::Tensor& dv, const MlrArgs& a);
 
 // Differentiable MLR attention (torch::autograd::Function over the two ops above). float64
 // inputs are computed by the double-precision reference (exact gradients, for gradcheck);
 // float32 and bfloat16 by the kernel. Returns out as mlr_attention_forward. q off the CPU (e.g.
 // CUDA), or use_torch_ops() on: torch_ops::mlr_attention instead (strata/torch/torch_ops.h).
 at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a);
+// mlr_attention on q, k, v packed as batch x seq x 3 x heads x head_dim (a.layout "bshd"), whose
+// backward writes one gradient for qkv (as attention_qkvpacked, strata/torch/attention.h). Off the
+// CPU, in float64 or with use_torch_ops(): mlr_attention on the three views.
+at::Tensor mlr_attention_qkvpacked(const at::Tensor& qkv, const MlrArgs& a);
 
 // FLOPs of one forward (strata::mlr_attention_flops, exact over allowed pairs; per-sequence
 // segment lists need their batch + 1 offsets, as in the forward).
