@@ -25,7 +25,7 @@ void NormImpl::reset() {
   bias = has_bias ? register_parameter("bias", at::zeros({dim})) : at::Tensor();
 }
 
-at::Tensor NormImpl::forward(const at::Tensor& x) { return at::layer_norm(x, {dim}, weight, bias, eps); }
+at::Tensor NormImpl::forward(const at::Tensor& x) const { return at::layer_norm(x, {dim}, weight, bias, eps); }
 
 std::vector<std::pair<std::string, MupRole>> NormImpl::mup_roles() const {
   std::vector<std::pair<std::string, MupRole>> roles{{"weight", MupRole::gain()}};
@@ -52,7 +52,7 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor MlpImpl::forward_block(const at::Tensor& x, const NormImpl& ln) {
-  if (!fused) return x + forward(const_cast<NormImpl&>(ln).forward(x));
+  if (!fused) return x + forward(ln.forward(x));
   strata::torch::MlpBlockArgs b;
   b.ln_weight = ln.weight;
   b.ln_bias = ln.bias;

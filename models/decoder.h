@@ -44,7 +44,7 @@ class NormImpl : public ::torch::nn::Cloneable<NormImpl>, public strata::torch::
  public:
   NormImpl(int64_t dim, bool bias, double eps = 1e-5);
   void reset() override;
-  at::Tensor forward(const at::Tensor& x);  // ... x dim -> ... x dim
+  at::Tensor forward(const at::Tensor& x) const;  // ... x dim -> ... x dim
   std::vector<std::pair<std::string, strata::torch::MupRole>> mup_roles() const override;
   int64_t dim;
   bool has_bias;

@@ -41,15 +41,28 @@ void check_out_matrix(const char* where, const char* arg, const TensorView& t, i
 struct MlpSizes {
   int64_t rows, D, H;
 };
-MlpSizes check_inputs(const char* where, const TensorView& x, const TensorView& w1, const TensorView& w2) {
+// x and the first layer's weight w (named `w_arg`; [H x D], H >= 1): their sizes.
+MlpSizes check_first_layer(const char* where, const TensorView& x, const TensorView& w, const char* w_arg,
+                           const char* w_why) {
   STRATA_CHECK_ARG(x.ndim == 2, where, "x", "a 2-D tensor [rows, width]", x.shape_str());
   STRATA_CHECK_ARG(x.shape[1] >= 1, where, "x", "width (last dim) >= 1", x.shape_str());
-  STRATA_CHECK_ARG(w1.ndim == 2 && w1.shape[0] >= 1, where, "w1", "a 2-D tensor [hidden >= 1, width]", w1.shape_str());
-  const MlpSizes s{x.shape[0], x.shape[1], w1.shape[0]};
+  STRATA_CHECK_ARG(w.ndim == 2 && w.shape[0] >= 1, where, w_arg, "a 2-D tensor [out >= 1, width]", w.shape_str());
+  const MlpSizes s{x.shape[0], x.shape[1], w.shape[0]};
   check_matrix(where, "x", x, s.rows, s.D, "(rows, width)");
-  check_matrix(where, "w1", w1, s.H, s.D, "(hidden, x's width): fc.weight");
+  check_matrix(where, w_arg, w, s.H, s.D, w_why);
+  return s;
+}
+MlpSizes check_inputs(const char* where, const TensorView& x, const TensorView& w1, const TensorView& w2) {
+  const MlpSizes s = check_first_layer(where, x, w1, "w1", "(hidden, x's width): fc.weight");
   check_matrix(where, "w2", w2, s.D, s.H, "(x's width, w1's hidden): proj.weight");
   return s;
+}
+// An optional weight gradient [rows x cols], contiguous.
+void check_weight_grad(const char* where, const char* arg, const TensorView& t, int64_t rows, int64_t cols,
+                       const char* why) {
+  if (!given(t)) return;
+  check_out_matrix(where, arg, t, rows, cols, why);
+  STRATA_CHECK_ARG(t.stride[0] == cols, where, arg, "a contiguous tensor", cat("row stride ", t.stride[0]));
 }
 
 // The block's parts: checked, into p. `forward`: stats is written (else read).
@@ -129,14 +142,8 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
   check_matrix(where, "dy", dy, s.rows, s.D, "(x's rows and width)");
   check_matrix(where, "h", h, s.rows, s.H, "(x's rows, w1's hidden): gelu_mlp_forward's pre-activation");
   if (given(dx)) check_out_matrix(where, "dx", dx, s.rows, s.D, "(like x)");
-  if (given(dw1)) {
-    check_out_matrix(where, "dw1", dw1, s.H, s.D, "(like w1)");
-    STRATA_CHECK_ARG(dw1.stride[0] == s.D, where, "dw1", "a contiguous tensor", cat("row stride ", dw1.stride[0]));
-  }
-  if (given(dw2)) {
-    check_out_matrix(where, "dw2", dw2, s.D, s.H, "(like w2)");
-    STRATA_CHECK_ARG(dw2.stride[0] == s.H, where, "dw2", "a contiguous tensor", cat("row stride ", dw2.stride[0]));
-  }
+  check_weight_grad(where, "dw1", dw1, s.H, s.D, "(like w1)");
+  check_weight_grad(where, "dw2", dw2, s.D, s.H, "(like w2)");
   if (given(db1)) check_vector(where, "db1", db1, s.H, "(w1's hidden)");
   if (given(db2)) check_vector(where, "db2", db2, s.D, "(x's width)");
   cpu::MlpParams p = params_of(s, x, w1, w2);
@@ -159,11 +166,7 @@ void gelu_mlp_backward(const TensorView& dy, const TensorView& x, const TensorVi
 void ln_linear_forward(const TensorView& x, const TensorView& w, const TensorView& b, const TensorView& y,
                        const MlpBlock& block) {
   const char* where = "ln_linear_forward";
-  STRATA_CHECK_ARG(x.ndim == 2 && x.shape[1] >= 1, where, "x", "a 2-D tensor [rows, width >= 1]", x.shape_str());
-  STRATA_CHECK_ARG(w.ndim == 2 && w.shape[0] >= 1, where, "w", "a 2-D tensor [out >= 1, width]", w.shape_str());
-  const MlpSizes s{x.shape[0], x.shape[1], w.shape[0]};
-  check_matrix(where, "x", x, s.rows, s.D, "(rows, width)");
-  check_matrix(where, "w", w, s.H, s.D, "(out, x's width)");
+  const MlpSizes s = check_first_layer(where, x, w, "w", "(out, x's width)");
   if (given(b)) check_vector(where, "b", b, s.H, "(w's out)");
   check_out_matrix(where, "y", y, s.rows, s.H, "(x's rows, w's out)");
   STRATA_CHECK_ARG(!block.residual, where, "block.residual", "false (y's width is w's out, not x's)", "true");
@@ -181,18 +184,11 @@ void ln_linear_backward(const TensorView& dy, const TensorView& x, const TensorV
                         const TensorView& dw, const TensorView& db, const MlpBlock& block, const TensorView& dln_weight,
                         const TensorView& dln_bias) {
   const char* where = "ln_linear_backward";
-  STRATA_CHECK_ARG(x.ndim == 2 && x.shape[1] >= 1, where, "x", "a 2-D tensor [rows, width >= 1]", x.shape_str());
-  STRATA_CHECK_ARG(w.ndim == 2 && w.shape[0] >= 1, where, "w", "a 2-D tensor [out >= 1, width]", w.shape_str());
-  const MlpSizes s{x.shape[0], x.shape[1], w.shape[0]};
-  check_matrix(where, "x", x, s.rows, s.D, "(rows, width)");
-  check_matrix(where, "w", w, s.H, s.D, "(out, x's width)");
+  const MlpSizes s = check_first_layer(where, x, w, "w", "(out, x's width)");
   check_matrix(where, "dy", dy, s.rows, s.H, "(x's rows, w's out)");
   STRATA_CHECK_ARG(!block.residual, where, "block.residual", "false (y's width is w's out, not x's)", "true");
   if (given(dx)) check_out_matrix(where, "dx", dx, s.rows, s.D, "(like x)");
-  if (given(dw)) {
-    check_out_matrix(where, "dw", dw, s.H, s.D, "(like w)");
-    STRATA_CHECK_ARG(dw.stride[0] == s.D, where, "dw", "a contiguous tensor", cat("row stride ", dw.stride[0]));
-  }
+  check_weight_grad(where, "dw", dw, s.H, s.D, "(like w)");
   if (given(db)) check_vector(where, "db", db, s.H, "(w's out)");
   cpu::MlpParams p = params_of(s, x, w, w);
   p.linear_only = true;

@@ -320,6 +320,41 @@ TEST(Mlp, ReferenceBackwardIsTheDerivative) {
   check(b2, db2, "b2");
   check(lnw, dlnw, "ln_weight");
   check(lnb, dlnb, "ln_bias");
+
+  // ln_linear's reference backward, the derivative of its forward (sum(dh * y), the same draws)
+  Mat dh(rows, H, DType::f64);
+  dh.fill(rng, 1);
+  std::vector<double> lx(size_t(rows * D)), lw(size_t(H * D)), lb(static_cast<size_t>(H)), llnw(static_cast<size_t>(D)),
+      llnb(static_cast<size_t>(D));
+  blk.residual = false;
+  reference::ln_linear_backward(dh.view, x.view, w1.view, lx.data(), lw.data(), lb.data(), blk, llnw.data(),
+                                llnb.data());
+  auto lin_loss = [&] {
+    std::vector<double> y(size_t(rows * H));
+    reference::ln_linear_forward(x.view, w1.view, b1.view, y.data(), blk);
+    const std::vector<double> g = dh.values();
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * g[i];
+    return s;
+  };
+  auto check_lin = [&](Mat& m, const std::vector<double>& grad, const char* name) {
+    size_t i = 0;
+    m.for_each([&](int64_t* idx) {
+      const double v = m.view.get(idx), eps = 1e-6;
+      m.view.set(idx, v + eps);
+      const double up = lin_loss();
+      m.view.set(idx, v - eps);
+      const double down = lin_loss();
+      m.view.set(idx, v);
+      EXPECT_NEAR(grad[i], (up - down) / (2 * eps), 1e-7) << "ln_linear " << name << " entry " << i;
+      ++i;
+    });
+  };
+  check_lin(x, lx, "x");
+  check_lin(w1, lw, "w");
+  check_lin(b1, lb, "b");
+  check_lin(lnw, llnw, "ln_weight");
+  check_lin(lnb, llnb, "ln_bias");
 }
 
 // Pre-activations far in both tails (|h| up to ~60): gelu(h) -> 0 and h, gelu'(h) -> 0 and 1, no
