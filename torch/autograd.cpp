@@ -96,9 +96,7 @@ struct PackedAttentionFunction : public ::torch::autograd::Function<PackedAttent
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &qkv = s[0], &out = s[1], &lse = s[2];
     const AttentionArgs a = load_options(ctx, s[3], s[4]);
-    at::Tensor dqkv = binding::with_huge_pages(at::empty(qkv.sizes(), qkv.options()));
-    attention_backward_into(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), out, lse, grads[0],
-                            dqkv.select(2, 0), dqkv.select(2, 1), dqkv.select(2, 2), a);
+    const at::Tensor dqkv = op_calls::attention_qkvpacked_backward(qkv, out, lse, grads[0], a);
     variable_list out_grads = once_differentiable({dqkv}, {qkv, grads[0]});
     out_grads.emplace_back();  // no gradient for the options
     return out_grads;
@@ -109,17 +107,22 @@ struct PackedAttentionFunction : public ::torch::autograd::Function<PackedAttent
 
 at::Tensor attention_qkvpacked(const at::Tensor& qkv, const AttentionArgs& a) {
   const char* where = "attention_qkvpacked";
-  STRATA_CHECK_ARG(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3, where, "qkv",
-                   "a 5-D tensor (batch, seq, 3, heads, head_dim)",
-                   qkv.defined() ? detail::cat(qkv.sizes()) : std::string("an undefined tensor"));
-  STRATA_CHECK_ARG(a.layout == "bshd", where, "layout", "\"bshd\" (qkv is batch x seq x 3 x heads x head_dim)",
-                   a.layout);
+  binding::check_qkvpacked(where, qkv, a.layout);
   const at::Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
   if (takes_torch_ops(qkv) || qkv.scalar_type() == at::kDouble ||
       (a.bias.has_value() && a.bias->defined() && a.bias->requires_grad() && at::GradMode::is_enabled()))
     return attention(q, k, v, a);  // (its checks and messages, and the float64 reference)
   checked_dtype(qkv, where, "qkv", kKernelDTypes);
   return PackedAttentionFunction::apply(qkv, a);
+}
+
+at::Tensor attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                        const at::Tensor& dout, const AttentionArgs& a) {
+  binding::check_qkvpacked("attention_qkvpacked_backward", qkv, a.layout);
+  at::Tensor dqkv = binding::with_huge_pages(at::empty(qkv.sizes(), qkv.options()));
+  attention_backward_into(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), out, lse, dout, dqkv.select(2, 0),
+                          dqkv.select(2, 1), dqkv.select(2, 2), a);
+  return dqkv;
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionArgs& a) {

@@ -170,6 +170,14 @@ inline Error readdressed(const Error& e, const char* from, const char* to) {
   return Error(m.rfind(f, 0) == 0 ? cat(to, m.substr(f.size())) : m);
 }
 
+// q, k, v packed as qkv: batch x seq x 3 x heads x head_dim, with layout "bshd" (the packed ops).
+inline void check_qkvpacked(const char* where, const at::Tensor& qkv, const std::string& layout) {
+  STRATA_CHECK_ARG(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3, where, "qkv",
+                   "a 5-D tensor (batch, seq, 3, heads, head_dim)",
+                   qkv.defined() ? cat(qkv.sizes()) : std::string("an undefined tensor"));
+  STRATA_CHECK_ARG(layout == "bshd", where, "layout", "\"bshd\" (qkv is batch x seq x 3 x heads x head_dim)", layout);
+}
+
 // Runs f; rethrows a strata::Error as a c10::Error carrying the same message.
 template <class F>
 auto rethrow_as_c10(F&& f) -> decltype(f()) {

@@ -1,6 +1,6 @@
 // torch/library.cpp: the `strata` operator library (torch.ops.strata.*): every op's schema, in one
 // place. The kernels are registered beside their bindings (TORCH_LIBRARY_IMPL in
-// torch/ops_{attention,mlr,monarch}.cpp): CPU kernels for the forward / backward ops (not
+// torch/ops_{attention,mlr,monarch,mlp}.cpp): CPU kernels for the forward / backward ops (not
 // differentiable: their outputs never require grad), CompositeImplicitAutograd kernels for the
 // differentiable ones (they run the C++ autograd Functions), catch-all kernels for the FLOP counts.
 #include <torch/library.h>
@@ -26,6 +26,15 @@ TORCH_LIBRARY(strata, m) {
       "attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool causal=False, int window_left=-1, "
       "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
       "str layout=\"bshd\", str compute=\"auto\") -> Tensor out");
+  // q, k, v packed as qkv: batch x seq x 3 x heads x head_dim (layout "bshd" only); one gradient.
+  m.def(
+      "attention_qkvpacked(Tensor qkv, float? scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, int num_global=0, Tensor? key_padding_mask=None, Tensor? bias=None, "
+      "str layout=\"bshd\", str compute=\"auto\") -> Tensor out");
+  m.def(
+      "attention_qkvpacked_backward(Tensor qkv, Tensor out, Tensor lse, Tensor dout, float? scale=None, "
+      "bool causal=False, int window_left=-1, int window_right=-1, int num_global=0, "
+      "Tensor? key_padding_mask=None, Tensor? bias=None, str layout=\"bshd\", str compute=\"auto\") -> Tensor dqkv");
   m.def(
       "paper_gswa_attention(Tensor q, Tensor k, Tensor v, int split_a, int window, float? scale_a=None, "
       "float? scale_b=None, str layout=\"bshd\") -> Tensor out");
@@ -35,6 +44,9 @@ TORCH_LIBRARY(strata, m) {
   m.def("mlr_attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, " STRATA_MLR_OPTIONS
         ") -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("mlr_attention(Tensor q, Tensor k, Tensor v, " STRATA_MLR_OPTIONS ") -> Tensor out");
+  m.def("mlr_attention_qkvpacked(Tensor qkv, " STRATA_MLR_OPTIONS ") -> Tensor out");
+  m.def("mlr_attention_qkvpacked_backward(Tensor qkv, Tensor out, Tensor lse, Tensor dout, " STRATA_MLR_OPTIONS
+        ") -> Tensor dqkv");
   // MonarchAttention and the Performer / Nystromformer baselines (strata/torch/{monarch,baselines}.h).
   m.def(
       "monarch_attention_forward(Tensor q, Tensor k, Tensor v, int num_steps=1, int block_size=0, "
@@ -73,6 +85,28 @@ TORCH_LIBRARY(strata, m) {
       "Tensor? out_bias, int num_heads, str logit_scale=\"sp\", bool divide_by_num_levels=False, bool causal=True, "
       "bool rms_cap=True) -> Tensor");
   m.def("mup_rms_cap(Tensor w, int d_in, int d_out) -> Tensor");
+  // The fused block pieces (strata/torch/mlp.h; kernels in torch/ops_mlp.cpp): the GELU MLP
+  // (optionally with its pre-LayerNorm and the residual) and LayerNorm + linear.
+  m.def(
+      "gelu_mlp_forward(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor? ln_weight=None, "
+      "Tensor? ln_bias=None, float eps=1e-05, bool residual=False) -> (Tensor y, Tensor h, Tensor stats)");
+  m.def(
+      "gelu_mlp_backward(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor h, Tensor stats, Tensor? ln_weight, "
+      "Tensor? ln_bias, float eps, bool residual, bool[7] output_mask) -> (Tensor? dx, Tensor? dw1, Tensor? db1, "
+      "Tensor? dw2, Tensor? db2, Tensor? dln_weight, Tensor? dln_bias)");
+  m.def(
+      "gelu_mlp(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor? ln_weight=None, "
+      "Tensor? ln_bias=None, float eps=1e-05, bool residual=False) -> Tensor y");
+  m.def(
+      "ln_linear_forward(Tensor x, Tensor w, Tensor? b, Tensor? ln_weight=None, Tensor? ln_bias=None, "
+      "float eps=1e-05) -> (Tensor y, Tensor stats)");
+  m.def(
+      "ln_linear_backward(Tensor dy, Tensor x, Tensor w, Tensor stats, Tensor? ln_weight, Tensor? ln_bias, "
+      "float eps, bool[5] output_mask) -> (Tensor? dx, Tensor? dw, Tensor? db, Tensor? dln_weight, "
+      "Tensor? dln_bias)");
+  m.def(
+      "ln_linear(Tensor x, Tensor w, Tensor? b, Tensor? ln_weight=None, Tensor? ln_bias=None, "
+      "float eps=1e-05) -> Tensor y");
   // FLOP counts (2 x matmul MACs, per sequence).
   m.def("monarch_attention_flops(int N, int heads, int D, int Dv, int T, int B) -> float");
   m.def("softmax_attention_flops(int N, int D, int Dv=-1) -> float");

@@ -172,9 +172,7 @@ struct MlrPackedFunction : public ::torch::autograd::Function<MlrPackedFunction>
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &qkv = s[0], &out = s[1], &lse = s[2];
     const MlrArgs a = load_options(ctx, s[3], s[4]);
-    at::Tensor dqkv = binding::with_huge_pages(at::empty(qkv.sizes(), qkv.options()));
-    mlr_attention_backward_into(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), out, lse, grads[0],
-                                dqkv.select(2, 0), dqkv.select(2, 1), dqkv.select(2, 2), a);
+    const at::Tensor dqkv = op_calls::mlr_attention_qkvpacked_backward(qkv, out, lse, grads[0], a);
     variable_list out_grads = binding::once_differentiable({dqkv}, {qkv, grads[0]}, "strata mlr_attention");
     out_grads.emplace_back();  // no gradient for the options
     return out_grads;
@@ -228,15 +226,19 @@ void mlr_attention_backward_into(const at::Tensor& q, const at::Tensor& k, const
 }
 
 at::Tensor mlr_attention_qkvpacked(const at::Tensor& qkv, const MlrArgs& a) {
-  const char* where = "mlr_attention_qkvpacked";
-  STRATA_CHECK_ARG(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3, where, "qkv",
-                   "a 5-D tensor (batch, seq, 3, heads, head_dim)",
-                   qkv.defined() ? detail::cat(qkv.sizes()) : std::string("an undefined tensor"));
-  STRATA_CHECK_ARG(a.layout == "bshd", where, "layout", "\"bshd\" (qkv is batch x seq x 3 x heads x head_dim)",
-                   a.layout);
+  binding::check_qkvpacked("mlr_attention_qkvpacked", qkv, a.layout);
   if (takes_torch_ops(qkv) || qkv.scalar_type() == at::kDouble)
     return mlr_attention(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), a);
   return MlrPackedFunction::apply(qkv, a);
+}
+
+at::Tensor mlr_attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                            const at::Tensor& dout, const MlrArgs& a) {
+  binding::check_qkvpacked("mlr_attention_qkvpacked_backward", qkv, a.layout);
+  at::Tensor dqkv = binding::with_huge_pages(at::empty(qkv.sizes(), qkv.options()));
+  mlr_attention_backward_into(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), out, lse, dout, dqkv.select(2, 0),
+                              dqkv.select(2, 1), dqkv.select(2, 2), a);
+  return dqkv;
 }
 
 at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MlrArgs& a) {

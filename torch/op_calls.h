@@ -4,14 +4,16 @@
 // the same CPU kernel, and under torch.compile's tracing (fake, functional, symbolic-size tensors)
 // it reaches the op's fake implementation (python/strata/_fake.py), so the traced graph holds the
 // kernel ops as opaque nodes instead of failing on a tensor without data. Arguments and results
-// as the C++ functions of the same name (strata/torch/{attention,mlr,monarch,structured}.h).
+// as the C++ functions of the same name (strata/torch/{attention,mlr,mlp,monarch,structured}.h).
 #pragma once
 #include <ATen/ATen.h>
 
+#include <array>
 #include <tuple>
 #include <vector>
 
 #include "strata/torch/attention.h"
+#include "strata/torch/mlp.h"
 #include "strata/torch/mlr.h"
 #include "strata/torch/monarch.h"
 #include "strata/torch/structured.h"
@@ -26,6 +28,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   const at::Tensor& lse, const at::Tensor& dout,
                                                                   const AttentionArgs& a);
 
+// strata::attention_qkvpacked_backward (torch/ops_attention.cpp): dqkv shaped as qkv (batch x seq x
+// 3 x heads x head_dim), written by one backward (strata::torch::attention_backward_into).
+at::Tensor attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                        const at::Tensor& dout, const AttentionArgs& a);
+
 // strata::mlr_attention_forward / _backward (torch/ops_mlr.cpp).
 std::tuple<at::Tensor, at::Tensor> mlr_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                          const at::Tensor& v, const MlrArgs& a);
@@ -33,6 +40,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
                                                                       const at::Tensor& v, const at::Tensor& out,
                                                                       const at::Tensor& lse, const at::Tensor& dout,
                                                                       const MlrArgs& a);
+
+// strata::mlr_attention_qkvpacked_backward (torch/ops_mlr.cpp), as attention_qkvpacked_backward.
+at::Tensor mlr_attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                            const at::Tensor& dout, const MlrArgs& a);
+
+// strata::gelu_mlp_forward / _backward, strata::ln_linear_forward / _backward (torch/ops_mlp.cpp).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_mlp_forward(const at::Tensor& x, const at::Tensor& w1,
+                                                                const at::Tensor& b1, const at::Tensor& w2,
+                                                                const at::Tensor& b2, const MlpBlockArgs& block);
+std::array<at::Tensor, 7> gelu_mlp_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w1,
+                                            const at::Tensor& w2, const at::Tensor& h, const at::Tensor& stats,
+                                            const MlpBlockArgs& block, std::array<bool, 7> output_mask);
+std::tuple<at::Tensor, at::Tensor> ln_linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                                     const MlpBlockArgs& block);
+std::array<at::Tensor, 5> ln_linear_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                             const at::Tensor& stats, const MlpBlockArgs& block,
+                                             std::array<bool, 5> output_mask);
 
 // strata::monarch_attention_forward / _backward (torch/ops_monarch.cpp). save_state false: the
 // state is an empty tensor (inference needs none).

@@ -74,6 +74,30 @@ at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tens
   });
 }
 
+// strata::attention_qkvpacked (differentiable): qkv batch x seq x 3 x heads x head_dim; returns out.
+at::Tensor qkvpacked_op(const at::Tensor& qkv, std::optional<double> scale, bool causal, int64_t window_left,
+                        int64_t window_right, int64_t num_global, const std::optional<at::Tensor>& key_padding_mask,
+                        const std::optional<at::Tensor>& bias, c10::string_view layout, c10::string_view compute) {
+  return rethrow_as_c10([&] {
+    return attention_qkvpacked(qkv, make_args(scale, causal, window_left, window_right, num_global, key_padding_mask,
+                                              bias, layout, compute));
+  });
+}
+
+// strata::attention_qkvpacked_backward (CPU): returns dqkv shaped as qkv.
+at::Tensor qkvpacked_backward_op(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                 const at::Tensor& dout, std::optional<double> scale, bool causal, int64_t window_left,
+                                 int64_t window_right, int64_t num_global,
+                                 const std::optional<at::Tensor>& key_padding_mask,
+                                 const std::optional<at::Tensor>& bias, c10::string_view layout,
+                                 c10::string_view compute) {
+  return rethrow_as_c10([&] {
+    return attention_qkvpacked_backward(
+        qkv, out, lse, dout,
+        make_args(scale, causal, window_left, window_right, num_global, key_padding_mask, bias, layout, compute));
+  });
+}
+
 // strata::paper_gswa_attention (differentiable): returns out, shaped like q with v's head_dim.
 at::Tensor paper_gswa_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t split_a,
                          int64_t window, std::optional<double> scale_a, std::optional<double> scale_b,
@@ -105,20 +129,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::attention_backward(cons
   });
 }
 
+at::Tensor op_calls::attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                                  const at::Tensor& dout, const AttentionArgs& a) {
+  static const auto op = binding::typed_op<decltype(qkvpacked_backward_op)>("strata::attention_qkvpacked_backward");
+  return binding::rethrow_as_strata([&] {
+    return op.call(qkv, out, lse, dout, a.scale, a.causal, a.window_left, a.window_right, a.num_global,
+                   a.key_padding_mask, a.bias, a.layout, a.compute);
+  });
+}
+
 }  // namespace strata::torch
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("attention_forward", &strata::torch::forward_op);
   m.impl("attention_backward", &strata::torch::backward_op);
+  m.impl("attention_qkvpacked_backward", &strata::torch::qkvpacked_backward_op);
 }
 
 // The kernels alone are not differentiable: their outputs never require grad (binding_util.h).
 TORCH_LIBRARY_IMPL(strata, Autograd, m) {
   m.impl("attention_forward", strata::torch::binding::non_differentiable());
   m.impl("attention_backward", strata::torch::binding::non_differentiable());
+  m.impl("attention_qkvpacked_backward", strata::torch::binding::non_differentiable());
 }
 
 TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {
   m.impl("attention", &strata::torch::attention_op);
+  m.impl("attention_qkvpacked", &strata::torch::qkvpacked_op);
   m.impl("paper_gswa_attention", &strata::torch::paper_gswa_op);
 }

@@ -82,6 +82,34 @@ at::Tensor mlr_attention_op(const at::Tensor& q, const at::Tensor& k, const at::
   });
 }
 
+// strata::mlr_attention_qkvpacked (differentiable): qkv batch x seq x 3 x heads x head_dim; returns out.
+at::Tensor qkvpacked_op(const at::Tensor& qkv, c10::IntArrayRef ranks, c10::IntArrayRef block_sizes, int64_t context,
+                        const std::optional<at::Tensor>& segment_starts,
+                        const std::optional<at::Tensor>& segment_offsets, bool mask_cross_segment,
+                        c10::string_view scale, bool divide_by_num_levels, bool level_average, bool causal,
+                        c10::string_view layout, c10::string_view compute) {
+  return rethrow_as_c10([&] {
+    return mlr_attention_qkvpacked(
+        qkv, make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
+                       divide_by_num_levels, level_average, causal, layout, compute));
+  });
+}
+
+// strata::mlr_attention_qkvpacked_backward (CPU): returns dqkv shaped as qkv.
+at::Tensor qkvpacked_backward_op(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                 const at::Tensor& dout, c10::IntArrayRef ranks, c10::IntArrayRef block_sizes,
+                                 int64_t context, const std::optional<at::Tensor>& segment_starts,
+                                 const std::optional<at::Tensor>& segment_offsets, bool mask_cross_segment,
+                                 c10::string_view scale, bool divide_by_num_levels, bool level_average, bool causal,
+                                 c10::string_view layout, c10::string_view compute) {
+  return rethrow_as_c10([&] {
+    return mlr_attention_qkvpacked_backward(
+        qkv, out, lse, dout,
+        make_args(ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
+                  divide_by_num_levels, level_average, causal, layout, compute));
+  });
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> op_calls::mlr_attention_forward(const at::Tensor& q, const at::Tensor& k,
@@ -105,17 +133,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_calls::mlr_attention_backward(
   });
 }
 
+at::Tensor op_calls::mlr_attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out,
+                                                      const at::Tensor& lse, const at::Tensor& dout, const MlrArgs& a) {
+  static const auto op = binding::typed_op<decltype(qkvpacked_backward_op)>("strata::mlr_attention_qkvpacked_backward");
+  return binding::rethrow_as_strata([&] {
+    return op.call(qkv, out, lse, dout, a.ranks, a.block_sizes, a.context, a.segment_starts, a.segment_offsets,
+                   a.mask_cross_segment, a.scale, a.divide_by_num_levels, a.level_average, a.causal, a.layout,
+                   a.compute);
+  });
+}
+
 }  // namespace strata::torch
 
 TORCH_LIBRARY_IMPL(strata, CPU, m) {
   m.impl("mlr_attention_forward", &strata::torch::forward_op);
   m.impl("mlr_attention_backward", &strata::torch::backward_op);
+  m.impl("mlr_attention_qkvpacked_backward", &strata::torch::qkvpacked_backward_op);
 }
 
 // The kernels alone are not differentiable: their outputs never require grad (binding_util.h).
 TORCH_LIBRARY_IMPL(strata, Autograd, m) {
   m.impl("mlr_attention_forward", strata::torch::binding::non_differentiable());
   m.impl("mlr_attention_backward", strata::torch::binding::non_differentiable());
+  m.impl("mlr_attention_qkvpacked_backward", strata::torch::binding::non_differentiable());
 }
 
-TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) { m.impl("mlr_attention", &strata::torch::mlr_attention_op); }
+TORCH_LIBRARY_IMPL(strata, CompositeImplicitAutograd, m) {
+  m.impl("mlr_attention", &strata::torch::mlr_attention_op);
+  m.impl("mlr_attention_qkvpacked", &strata::torch::qkvpacked_op);
+}

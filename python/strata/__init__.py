@@ -65,11 +65,13 @@ __all__ = [
     "attention",
     "attention_forward",
     "attention_backward",
+    "attention_qkvpacked",
     "library_path",
     # MLR attention (strata.mlr)
     "mlr_attention",
     "mlr_attention_forward",
     "mlr_attention_backward",
+    "mlr_attention_qkvpacked",
     "pack_segments",
     "MLRAttention",
     # MonarchAttention and the model converter (strata.monarch)
@@ -101,6 +103,10 @@ __all__ = [
     "btt_key_transform",
     "block_diag_transform",
     "mup",
+    # the fused block pieces (strata.blocks)
+    "gelu_mlp",
+    "ln_linear",
+    "GeluMLP",
     # the converted sentence encoder (strata.encoder)
     "SentenceEncoder",
 ]
@@ -343,8 +349,44 @@ def attention_backward(
         *_attention_options(where, scale, causal, window, num_global, key_padding_mask, bias, layout, compute))
 
 
+def attention_qkvpacked(
+    qkv: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    num_global: int = 0,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    compute: str = "auto",
+) -> torch.Tensor:
+    """:func:`attention` on q, k, v packed in one tensor, differentiable.
+
+    ``qkv``: batch x seq x 3 x heads x head_dim (a fused q/k/v projection's output viewed as such,
+    ``x @ w_qkv.T`` unflattened to (3, heads, head_dim)); q, k, v are ``qkv[:, :, 0..2]``. The same
+    kernels and results as ``attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...)`` (bitwise),
+    but the backward writes dq, dk and dv into one gradient of qkv's shape, where autograd through
+    the three views would add three gradients into a zero tensor. Options as :func:`attention`
+    (layout "bshd").
+
+    Returns:
+        out: batch x seq x heads x head_dim.
+    """
+    where = "attention_qkvpacked"
+    return _ops.attention_qkvpacked(_check.tensor(qkv, where, "qkv"),
+                                    *_attention_options(where, scale, causal, window, num_global, key_padding_mask,
+                                                        bias, "bshd", compute))
+
+
 # MLR attention: after the library is loaded (strata.mlr calls torch.ops.strata.mlr_*).
-from .mlr import MLRAttention, mlr_attention, mlr_attention_backward, mlr_attention_forward, pack_segments  # noqa: E402
+from .mlr import (  # noqa: E402
+    MLRAttention,
+    mlr_attention,
+    mlr_attention_backward,
+    mlr_attention_forward,
+    mlr_attention_qkvpacked,
+    pack_segments,
+)
 # MonarchAttention and the model converter (strata.monarch calls torch.ops.strata.monarch_*).
 from .monarch import (  # noqa: E402
     MonarchAttention,
@@ -380,4 +422,5 @@ from .bilinear import (  # noqa: E402
     btt_key_transform,
 )
 # The converted sentence encoder on your own text (strata.encoder, over torch.classes.strata.SentenceEncoder).
+from .blocks import GeluMLP, gelu_mlp, ln_linear  # noqa: E402
 from .encoder import SentenceEncoder  # noqa: E402

@@ -79,6 +79,11 @@ def _attention_backward(q, k, v, out, lse, dout, scale=None, causal=False, windo
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+@torch.library.register_fake("strata::attention_qkvpacked_backward")
+def _attention_qkvpacked_backward(qkv, out, lse, dout, *options):
+    return qkv.new_empty(qkv.shape)  # contiguous (dq, dk, dv: its three views)
+
+
 # ---- MLR attention -----------------------------------------------------------------------------
 
 
@@ -96,6 +101,60 @@ def _mlr_attention_forward(q, k, v, ranks, block_sizes=(), context=0, segment_st
 @torch.library.register_fake("strata::mlr_attention_backward")
 def _mlr_attention_backward(q, k, v, out, lse, dout, *options):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.register_fake("strata::mlr_attention_qkvpacked_backward")
+def _mlr_attention_qkvpacked_backward(qkv, out, lse, dout, *options):
+    return qkv.new_empty(qkv.shape)
+
+
+# ---- the fused block pieces (gelu_mlp, ln_linear) ----------------------------------------------
+# Outputs contiguous (torch/mlp.cpp); rows = the product of x's leading dims.
+
+
+def _rows(x: torch.Tensor):
+    rows = 1
+    for s in x.shape[:-1]:
+        rows = rows * s
+    return rows
+
+
+def _check_weight_width(where: str, x: torch.Tensor, w: torch.Tensor, wname: str) -> None:
+    torch._check(w.dim() == 2, lambda: f"{where}: argument '{wname}': expected a 2-D tensor, got {list(w.shape)}")
+    torch._check(x.dim() >= 1 and x.shape[-1] == w.shape[1],
+                 lambda: f"{where}: argument 'x': expected a tensor (..., {w.shape[1]}) ({wname}'s width), "
+                 f"got {list(x.shape)}")
+
+
+def _stats(x: torch.Tensor, ln_weight) -> torch.Tensor:
+    return x.new_empty((_rows(x), 2)) if ln_weight is not None else x.new_empty((0,))
+
+
+@torch.library.register_fake("strata::gelu_mlp_forward")
+def _gelu_mlp_forward(x, w1, b1, w2, b2, ln_weight=None, ln_bias=None, eps=1e-5, residual=False):
+    _check_weight_width("gelu_mlp_forward", x, w1, "w1")
+    return x.new_empty(x.shape), x.new_empty((_rows(x), w1.shape[0])), _stats(x, ln_weight)
+
+
+@torch.library.register_fake("strata::gelu_mlp_backward")
+def _gelu_mlp_backward(dy, x, w1, w2, h, stats, ln_weight, ln_bias, eps, residual, output_mask):
+    H, D = w1.shape
+    shapes = [x.shape, (H, D), (H,), (D, H), (D,), (D,) if ln_weight is not None else None,
+              (D,) if ln_bias is not None else None]
+    return tuple(x.new_empty(s) if m and s is not None else None for s, m in zip(shapes, output_mask))
+
+
+@torch.library.register_fake("strata::ln_linear_forward")
+def _ln_linear_forward(x, w, b, ln_weight=None, ln_bias=None, eps=1e-5):
+    _check_weight_width("ln_linear_forward", x, w, "w")
+    return x.new_empty((*x.shape[:-1], w.shape[0])), _stats(x, ln_weight)
+
+
+@torch.library.register_fake("strata::ln_linear_backward")
+def _ln_linear_backward(dy, x, w, stats, ln_weight, ln_bias, eps, output_mask):
+    H, D = w.shape
+    shapes = [x.shape, (H, D), (H,), (D,) if ln_weight is not None else None, (D,) if ln_bias is not None else None]
+    return tuple(x.new_empty(s) if m and s is not None else None for s, m in zip(shapes, output_mask))
 
 
 # ---- MonarchAttention --------------------------------------------------------------------------

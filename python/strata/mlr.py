@@ -43,7 +43,8 @@ import torch
 
 from . import _check
 
-__all__ = ["mlr_attention", "mlr_attention_forward", "mlr_attention_backward", "pack_segments", "MLRAttention"]
+__all__ = ["mlr_attention", "mlr_attention_forward", "mlr_attention_backward", "mlr_attention_qkvpacked",
+           "pack_segments", "MLRAttention"]
 
 Ranks = Union[Sequence[int], str]
 IntList = Union[torch.Tensor, Sequence[int], None]
@@ -149,6 +150,37 @@ def mlr_attention(
         *_check.tensors(where, q=q, k=k, v=v),
         *_options(where, ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
                   divide_by_num_levels, level_average, causal, layout, compute)
+    )
+
+
+def mlr_attention_qkvpacked(
+    qkv: torch.Tensor,
+    ranks: Ranks,
+    *,
+    block_sizes: Sequence[int] = (),
+    context: int = 0,
+    segment_starts: IntList = None,
+    segment_offsets: IntList = None,
+    mask_cross_segment: bool = False,
+    scale: str = "inv_rank",
+    divide_by_num_levels: bool = False,
+    level_average: bool = False,
+    causal: bool = True,
+    compute: str = "auto",
+) -> torch.Tensor:
+    """:func:`mlr_attention` on q, k, v packed as ``qkv``: batch x seq x 3 x heads x head_dim
+    (q, k, v = ``qkv[:, :, 0..2]``), differentiable, whose backward writes one gradient of qkv's
+    shape (as ``strata.attention_qkvpacked``). The same results as mlr_attention on the three views
+    (bitwise); options as :func:`mlr_attention` (layout "bshd").
+
+    Returns:
+        out: batch x seq x heads x head_dim.
+    """
+    where = "mlr_attention_qkvpacked"
+    return torch.ops.strata.mlr_attention_qkvpacked(
+        _check.tensor(qkv, where, "qkv"),
+        *_options(where, ranks, block_sizes, context, segment_starts, segment_offsets, mask_cross_segment, scale,
+                  divide_by_num_levels, level_average, causal, "bshd", compute)
     )
 
 

@@ -4,7 +4,7 @@
   shapes) for every op of ``torch.ops.strata`` that takes a tensor: a new op without a case here
   fails test_every_tensor_op_has_an_opcheck_case;
 - ``torch.compile(fullgraph=True)`` of a model with MLR, Monarch, dense, structured and bilinear
-  layers: no graph break, forward and backward equal to eager (inductor and aot_eager; static and
+  layers and the fused block pieces (ln_linear, packed attention, GeluMLP): no graph break, forward and backward equal to eager (inductor and aot_eager; static and
   dynamic shapes);
 - torch.export of the same model, run.
 
@@ -133,6 +133,23 @@ def _cases():
             _module_call_args(strata.BilinearMLRAttention(64, 4, [8, 4, 4]), _randn(2, 9, 64, grad=g), "bilinear",
                               "bilinear_mlr_attention"), {}))
         add("mup_rms_cap", lambda g=g: ((_randn(16, 24, grad=g), 16, 24), {}))
+        # packed q/k/v (batch x seq x 3 x heads x head_dim)
+        add("attention_qkvpacked", lambda g=g: ((_randn(2, 7, 3, 2, 8, grad=g),), dict(causal=True)))
+        add("mlr_attention_qkvpacked", lambda g=g: ((_randn(2, 9, 3, 2, 8, grad=g), [4, 2, 2]),
+                                                    dict(context=16, level_average=True)))
+        # the fused block pieces: odd widths, with and without biases / LayerNorm / residual
+        add("gelu_mlp", lambda g=g: ((_randn(2, 5, 12, grad=g), _randn(20, 12, grad=g), _randn(20, grad=g),
+                                      _randn(12, 20, grad=g), None),
+                                     dict(ln_weight=_randn(12, grad=g), ln_bias=_randn(12, grad=g), residual=True)))
+        add("gelu_mlp", lambda g=g: ((_randn(7, 9, grad=g), _randn(5, 9, grad=g), None, _randn(9, 5, grad=g),
+                                      _randn(9, grad=g)), {}))
+        add("gelu_mlp_forward", lambda g=g: ((_randn(3, 4, 12, grad=g), _randn(20, 12), _randn(20), _randn(12, 20),
+                                              _randn(12)), dict(ln_weight=_randn(12), residual=True)))
+        add("ln_linear", lambda g=g: ((_randn(2, 5, 12, grad=g), _randn(36, 12, grad=g), _randn(36, grad=g)),
+                                      dict(ln_weight=_randn(12, grad=g), ln_bias=_randn(12, grad=g))))
+        add("ln_linear", lambda g=g: ((_randn(7, 9, grad=g), _randn(5, 9, grad=g), None), {}))
+        add("ln_linear_forward", lambda g=g: ((_randn(3, 4, 12, grad=g), _randn(20, 12), None),
+                                              dict(ln_weight=_randn(12), ln_bias=_randn(12))))
 
     # The kernels' backward ops, on a forward's outputs.
     def attention_backward():
@@ -155,7 +172,29 @@ def _cases():
         y, saved = ops.structured_forward_saving(x, f, spec, alpha)
         return (x, f, spec, alpha, torch.randn_like(y)), dict(saved=saved)
 
-    for fn in (attention_backward, mlr_attention_backward, monarch_attention_backward, structured_backward):
+    def attention_qkvpacked_backward():
+        qkv = _randn(2, 7, 3, 2, 8)
+        out, lse = ops.attention_forward(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+        return (qkv, out, lse, torch.randn_like(out)), dict(causal=True)
+
+    def mlr_attention_qkvpacked_backward():
+        qkv = _randn(2, 9, 3, 2, 8)
+        out, lse = ops.mlr_attention_forward(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], [4, 2, 2], context=16)
+        return (qkv, out, lse, torch.randn_like(out), [4, 2, 2]), dict(context=16)
+
+    def gelu_mlp_backward():
+        x, w1, b1, w2, lw = _randn(3, 4, 12), _randn(20, 12), _randn(20), _randn(12, 20), _randn(12)
+        y, h, stats = ops.gelu_mlp_forward(x, w1, b1, w2, None, lw, None, residual=True)
+        return (torch.randn_like(y), x, w1, w2, h, stats, lw, None, 1e-5, True,
+                [True, True, True, False, False, True, False]), {}
+
+    def ln_linear_backward():
+        x, w, lw, lb = _randn(7, 9), _randn(5, 9), _randn(9), _randn(9)
+        y, stats = ops.ln_linear_forward(x, w, None, lw, lb)
+        return (torch.randn_like(y), x, w, stats, lw, lb, 1e-5, [True, True, False, True, True]), {}
+
+    for fn in (attention_backward, mlr_attention_backward, monarch_attention_backward, structured_backward,
+               attention_qkvpacked_backward, mlr_attention_qkvpacked_backward, gelu_mlp_backward, ln_linear_backward):
         add(fn.__name__, fn)
     return c
 
@@ -196,13 +235,23 @@ class Block(torch.nn.Module):
             self.attn = strata.MLRAttention(dim, heads, [4, 2, 2], context=16)
         elif kind == "bilinear_btt":
             self.attn = strata.BilinearBTTAttention(dim, heads)
+        elif kind == "fused":  # strata's fused block pieces: ln_linear, packed attention, GeluMLP
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.out = torch.nn.Linear(dim, dim)
+            self.fused_mlp = strata.GeluMLP(dim, 2 * dim, norm=True, residual=True)
         else:  # monarch / dense: q, k, v projections around the functional op
             self.qkv = torch.nn.Linear(dim, 3 * dim)
             self.out = torch.nn.Linear(dim, dim)
             self.attn = strata.MonarchAttention(num_steps=2) if kind == "monarch" else None
-        self.mlp = strata.StructuredLinear(strata.structured.btt(dim, dim))
+        if kind != "fused":
+            self.mlp = strata.StructuredLinear(strata.structured.btt(dim, dim))
 
     def forward(self, x):
+        if self.kind == "fused":
+            qkv = strata.ln_linear(x, self.qkv.weight, self.qkv.bias, ln_weight=self.norm.weight,
+                                   ln_bias=self.norm.bias).unflatten(-1, (3, self.heads, -1))
+            x = x + self.out(strata.attention_qkvpacked(qkv, causal=True).flatten(2))
+            return self.fused_mlp(x)
         h = self.norm(x)
         if self.kind in ("mlr", "bilinear_btt"):
             a = self.attn(h)
@@ -217,7 +266,7 @@ class Block(torch.nn.Module):
 @functools.lru_cache(maxsize=None)
 def _model():
     torch.manual_seed(0)
-    m = torch.nn.Sequential(*(Block(k) for k in ("mlr", "monarch", "dense", "bilinear_btt")))
+    m = torch.nn.Sequential(*(Block(k) for k in ("mlr", "monarch", "dense", "bilinear_btt", "fused")))
     with torch.no_grad():  # zero-initialised out projections would hide wrong gradients
         for p in m.parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -68,6 +68,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // a.layout must be "bshd". Off the CPU, in float64 or with use_torch_ops(): attention() on the
 // three views.
 at::Tensor attention_qkvpacked(const at::Tensor& qkv, const AttentionArgs& a = {});
+// Its backward kernel alone (not differentiable; torch.ops.strata.attention_qkvpacked_backward):
+// out, lse from attention_forward on qkv's three views, dout shaped as out. Returns dqkv shaped as
+// qkv (contiguous; dq, dk, dv written into its three views by one backward).
+at::Tensor attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                        const at::Tensor& dout, const AttentionArgs& a = {});
 
 // The double-precision reference (strata::reference) behind the same checks: q, k, v float32,
 // bfloat16 or float64 (one dtype). Returns (out: float64 in q's layout, lse: float64

@@ -69,6 +69,10 @@ at::Tensor mlr_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // backward writes one gradient for qkv (as attention_qkvpacked, strata/torch/attention.h). Off the
 // CPU, in float64 or with use_torch_ops(): mlr_attention on the three views.
 at::Tensor mlr_attention_qkvpacked(const at::Tensor& qkv, const MlrArgs& a);
+// Its backward kernel alone (not differentiable; torch.ops.strata.mlr_attention_qkvpacked_backward),
+// as attention_qkvpacked_backward: returns dqkv shaped as qkv.
+at::Tensor mlr_attention_qkvpacked_backward(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                            const at::Tensor& dout, const MlrArgs& a);
 
 // FLOPs of one forward (strata::mlr_attention_flops, exact over allowed pairs; per-sequence
 // segment lists need their batch + 1 offsets, as in the forward).
