@@ -1,7 +1,7 @@
 """A character-level language model in plain PyTorch with strata's MLR attention.
 
-Trains a small GPT-style decoder (pre-LayerNorm blocks of ``strata.MLRAttention`` and a GELU MLP,
-learned positions) on tinyshakespeare with ``torch.compile``, then samples from it. The same script
+Trains a small GPT-style decoder (pre-LayerNorm blocks of ``strata.MLRAttention`` and a fused GELU
+MLP, ``strata.GeluMLP``; learned positions) on tinyshakespeare with ``torch.compile``, then samples from it. The same script
 runs data-parallel under torchrun (DistributedDataParallel; Gloo on the CPU, NCCL on CUDA):
 
     python examples/train_charlm.py                          # the default size, a few minutes on 2 cores
@@ -158,16 +158,18 @@ def batch_rows(ids: torch.Tensor, seq: int, batch: int, seed: int, step: int, ra
 
 
 class Block(torch.nn.Module):
+    """x + attn(ln1(x)), then x + mlp(ln2(x)): the second half is one fused call each way
+    (``strata.GeluMLP``: its ``norm`` is ln2; on CUDA it runs as ATen ops)."""
+
     def __init__(self, width: int, heads: int, ranks: str, context: int):
         super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.ln1 = torch.nn.LayerNorm(width)
         self.attn = strata.MLRAttention(width, heads, ranks, context=context, level_average=True)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * width, width))
+        self.mlp = strata.GeluMLP(width, 4 * width, norm=True, residual=True)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        return self.mlp(x)
 
 
 class CharLM(torch.nn.Module):

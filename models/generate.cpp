@@ -115,7 +115,7 @@ at::Tensor DecoderCache::layer_forward(size_t l, const at::Tensor& x) {
     a = attn.out_proj->forward(y.reshape({1, n, D}));
   }
   at::Tensor out = x + a;
-  return out + blk.mlp->forward(blk.ln2->forward(out));
+  return blk.mlp->forward_block(out, *blk.ln2);  // ln2 + MLP + residual: the model's forward's path
 }
 
 at::Tensor DecoderCache::feed(const std::vector<int64_t>& ids) {
