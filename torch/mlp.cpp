@@ -117,12 +117,7 @@ at::Tensor aten_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 
 // The options of a block whose LayerNorm tensors travelled as kNoBias-style empty tensors.
 MlpBlockArgs block_args(const at::Tensor& ln_w, const at::Tensor& ln_b, double eps, bool residual) {
-  MlpBlockArgs a;
-  a.ln_weight = bias_or_none(ln_w);
-  a.ln_bias = bias_or_none(ln_b);
-  a.eps = eps;
-  a.residual = residual;
-  return a;
+  return {bias_or_none(ln_w), bias_or_none(ln_b), eps, residual};
 }
 MlpBlockArgs load_block(AutogradContext* ctx, const at::Tensor& ln_w, const at::Tensor& ln_b) {
   return block_args(ln_w, ln_b, ctx->saved_data["eps"].toDouble(), ctx->saved_data["residual"].toBool());

@@ -22,12 +22,7 @@ at::Tensor or_undefined(const OptTensor& t) { return t.value_or(at::Tensor()); }
 OptTensor or_none(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 MlpBlockArgs make_block(const OptTensor& ln_weight, const OptTensor& ln_bias, double eps, bool residual) {
-  MlpBlockArgs a;
-  a.ln_weight = or_undefined(ln_weight);
-  a.ln_bias = or_undefined(ln_bias);
-  a.eps = eps;
-  a.residual = residual;
-  return a;
+  return {or_undefined(ln_weight), or_undefined(ln_bias), eps, residual};
 }
 
 // strata::gelu_mlp_forward (CPU): returns (y: x's sizes, h: rows x H, stats: rows x 2 or [0]).
