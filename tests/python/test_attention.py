@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import strata
-from conftest import (assert_as_close_as_torch, assert_raises_naming, bf16_engines, out_and_grads, rand_qkv,
-                      rel_err)
+from conftest import (assert_as_close_as_torch, assert_grads_as_close_as_torch, assert_raises_naming, bf16_engines,
+                      natural_grad_sizes, out_and_grads, rand_qkv, rel_err)
 
 # Acceptance rule (FlashAttention's): strata's error against the float64 truth is at most twice
 # PyTorch's own error for the same computation in the same precision, plus a floor for draws on
@@ -160,6 +161,95 @@ def test_float32_forward_and_grads_match_sdpa(name):
     want = out_and_grads(run_sdpa, qs.double(), ks.double(), vs.double(), to_bshd(g))
     torch32 = out_and_grads(run_sdpa, qs, ks, vs, to_bshd(g))
     assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, what=name)
+
+
+def _strided(t: torch.Tensor, how: str) -> torch.Tensor:
+    """t's values in another memory layout: every other element of a twice larger buffer, heads and
+    positions swapped in memory, or as is."""
+    if how == "every_other":
+        big = torch.zeros([2 * n for n in t.shape], dtype=t.dtype)
+        view = big[tuple(slice(None, None, 2) for _ in t.shape)]
+        view.copy_(t)
+        return view
+    if how == "swapped":
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    return t
+
+
+RANDOM_CASES = int(os.environ.get("STRATA_RANDOM_CASES", "200"))
+
+
+RANDOM_CASES = int(os.environ.get("STRATA_RANDOM_CASES", "200"))
+
+
+def _assert_grads_close(got, want, torch32, natural, what):
+    """[dq, dk, dv]: |strata - truth| <= 2 |PyTorch fp32 - truth| + FP32_FLOOR * max(max|truth|,
+    natural), elementwise maxima; natural = the size of one term of each gradient's sums (for dq,
+    scale * max|k| * max|dO . v|; dk, scale * max|q| * max|dO . v|; dv, max|dO|): fp32 round-off
+    of a sum is a few ulps of its terms, and a row with one allowed key cancels its terms exactly."""
+    for name, a, w, t, n in zip(("dq", "dk", "dv"), got, want, torch32, natural):
+        err = (a.double() - w).abs().max().item()
+        err_torch = (t.double() - w).abs().max().item()
+        bound = 2 * err_torch + FP32_FLOOR * max(w.abs().max().item(), n)
+        assert err <= bound, f"{what} {name}: error {err:.3g} vs torch {err_torch:.3g}, bound {bound:.3g}"
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_CASES))
+def test_random_option_combinations_match_sdpa(seed):
+    """Seeded draws of every option at once (what the named cases above take one or two at a time):
+    sizes from 1, odd head dims, GQA / MQA and a query shared by kv heads, causal, windows,
+    globals, key padding with fully masked rows, a bias broadcast over any dims, an explicit scale,
+    both layouts, strided q / k / v. The acceptance rule of the named cases; gradients divided by
+    the size of one term of their sums (conftest.assert_grads_as_close_as_torch: a row with one
+    allowed key has exactly zero dq and dk, and strata leaves round-off of that size there)."""
+    rng = random.Random(seed)
+    b = rng.randint(1, 3)
+    nq = rng.choice([1, 2, 7, rng.randint(1, 97)])
+    nk = rng.choice([nq, 1, rng.randint(1, 97)])
+    base, group = rng.randint(1, 3), rng.choice([1, 2, 3])
+    hq, hkv = (base, base * group) if rng.random() < 0.3 else (base * group, base)
+    h = max(hq, hkv)
+    d = rng.choice([1, 3, 17, 64, rng.randint(1, 80)])
+    dv = rng.choice([d, rng.randint(1, 80)])
+    causal = rng.random() < 0.5
+    window = (rng.choice([-1, 0, 3, rng.randint(0, 40)]), rng.choice([-1, 0, 2, rng.randint(0, 40)]))
+    window = window if rng.random() < 0.5 else (-1, -1)
+    num_global = rng.choice([0, 1, 3]) if window != (-1, -1) else 0
+    scale = rng.choice([None, 0.1, 1.0 / math.sqrt(d) * 0.7])
+    layout = rng.choice(["bshd", "bhsd"])
+    g_cpu = torch.Generator().manual_seed(1000 + seed)
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float32, layout, seed=seed)
+    opts = dict(scale=scale, causal=causal, window=window, num_global=num_global, layout=layout)
+    allowed = allowed_mask(nq, nk, causal, window, num_global)[None, None]
+    additive = torch.zeros(1, 1, nq, nk, dtype=torch.float64)
+    if rng.random() < 0.35:
+        mask = torch.rand(b, nk, generator=g_cpu) < rng.choice([0.3, 0.8])
+        opts["key_padding_mask"] = mask
+        allowed = allowed & mask[:, None, None, :]
+    if rng.random() < 0.35:
+        bias = torch.randn(rng.choice([1, b]), rng.choice([1, h]), rng.choice([1, nq]), nk, generator=g_cpu)
+        opts["bias"] = bias
+        additive = additive + bias.double()
+    float_mask = additive.masked_fill(~allowed, -math.inf)
+    row_ok = allowed.any(-1).transpose(1, 2)[..., None]  # B x Nq x 1 x 1
+
+    def to_bshd(t):
+        return t.transpose(1, 2) if layout == "bhsd" else t
+
+    def run_sdpa(q, k, v):
+        return sdpa_bshd(q, k, v, float_mask.to(q.dtype), scale) * row_ok
+
+    g = torch.randn(b, nq, h, dv, generator=g_cpu)
+    g = g.transpose(1, 2) if layout == "bhsd" else g
+    views = [_strided(t, rng.choice(["every_other", "swapped", "as_is"])) for t in (q, k, v)]
+    got = [to_bshd(t) for t in out_and_grads(lambda q, k, v: strata.attention(q, k, v, **opts), *views, g)]
+    qs, ks, vs = to_bshd(q), to_bshd(k), to_bshd(v)
+    want = out_and_grads(run_sdpa, qs.double(), ks.double(), vs.double(), to_bshd(g))
+    torch32 = out_and_grads(run_sdpa, qs, ks, vs, to_bshd(g))
+    what = f"seed {seed}: b {b} nq {nq} nk {nk} hq {hq} hkv {hkv} d {d} dv {dv} opts {opts}"
+    assert_as_close_as_torch(got[:1], want[:1], torch32[:1], FP32_FLOOR, what=what)
+    natural = natural_grad_sizes(qs, ks, vs, to_bshd(g), scale if scale is not None else 1.0 / math.sqrt(d))
+    assert_grads_as_close_as_torch(got[1:], want[1:], torch32[1:], natural, FP32_FLOOR, what)
 
 
 def test_forward_lse_and_backward_ops_are_consistent():

@@ -15,13 +15,16 @@ Errors are normwise: max|got - want| / max|want|.
 from __future__ import annotations
 
 import math
+import os
+import random
 from typing import List, Optional, Sequence
 
 import pytest
 import torch
 
 import strata
-from conftest import assert_as_close_as_torch, assert_raises_naming, out_and_grads, rand_qkv, rel_err
+from conftest import (assert_as_close_as_torch, assert_grads_as_close_as_torch, assert_raises_naming,
+                      natural_grad_sizes, out_and_grads, rand_qkv, rel_err)
 
 FP32_FLOOR = 1e-6  # ~8 ulps of the largest output (see test_attention.py)
 # Gradients: where the truth is exactly zero (T = 1: one key per row, so dq = dk = 0) the kernel
@@ -179,6 +182,68 @@ def test_float32_forward_and_grads_match_dense_truth(name):
     want = out_and_grads(truth, qs.double(), ks.double(), vs.double(), gs)
     torch32 = out_and_grads(truth, qs, ks, vs, gs)
     assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, FP32_GRAD_FLOOR, what=name)
+
+
+RANDOM_CASES = int(os.environ.get("STRATA_RANDOM_CASES", "120"))
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_CASES))
+def test_random_option_combinations_match_dense_truth(seed):
+    """Seeded draws of every option at once (the named cases above take one or two at a time):
+    1-6 levels of ranks 1-9 (odd head dims), GQA, causal or not, seq_q < seq_k, both scales,
+    divide_by_num_levels, level_average, the blocks from block_sizes, a context or the call,
+    segments shared by the batch or per sequence, mask_cross_segment, both layouts, strided q / k /
+    v. The output by the named cases' rule, the gradients by conftest.assert_grads_as_close_as_torch."""
+    rng = random.Random(seed)
+    levels = rng.randint(1, 6)
+    ranks = [rng.randint(1, 9) for _ in range(levels)]
+    d = sum(ranks)
+    dv = rng.choice([d, rng.randint(1, 24)])
+    b = rng.randint(1, 3)
+    hkv = rng.randint(1, 2)
+    hq = hkv * rng.choice([1, 2, 3])
+    opts = dict(scale=rng.choice(["inv_rank", "inv_sqrt_head_dim"]), divide_by_num_levels=rng.random() < 0.3,
+                level_average=rng.random() < 0.5, causal=rng.random() < 0.7)
+    pow2 = 1 << (levels - 1)
+    blocks = rng.random()
+    if blocks < 0.25:
+        opts["block_sizes"] = sorted(rng.sample(range(1, 60), levels), reverse=True)
+        nk = rng.randint(1, 90)
+    elif blocks < 0.5:
+        opts["context"] = pow2 * rng.randint(1, max(1, 96 // pow2))
+        nk = rng.randint(1, opts["context"])
+    else:
+        nk = rng.randint(1, 90)
+    nq = rng.choice([nk, nk, 1, rng.randint(1, nk)])
+    if rng.random() < 0.3:
+        lists = [sorted(rng.sample(range(1, nk), min(3, nk - 1))) if nk > 1 else [] for _ in range(b)]
+        opts["segment_lists"] = lists if rng.random() < 0.5 else [lists[0]] * b
+        opts["mask_cross_segment"] = rng.random() < 0.5
+    layout = rng.choice(["bshd", "bhsd"])
+    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float32, layout, seed=seed)
+    gs = torch.randn(b, nq, hq, dv, generator=torch.Generator().manual_seed(1000 + seed))  # BSHD
+    g = gs.transpose(1, 2).contiguous() if layout == "bhsd" else gs
+
+    def to_bshd(t):
+        return t.transpose(1, 2) if layout == "bhsd" else t
+
+    def run(q, k, v):
+        return strata.mlr_attention(q, k, v, ranks, layout=layout, **strata_opts(opts))
+
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) if rng.random() < 0.3 else t for t in (q, k, v)]
+    got = [to_bshd(t) for t in out_and_grads(run, *views, g)]
+    qs, ks, vs = (to_bshd(t) for t in (q, k, v))
+
+    def truth(q, k, v):
+        return dense_mlr(q, k, v, ranks, **opts)
+
+    want = out_and_grads(truth, qs.double(), ks.double(), vs.double(), gs)
+    torch32 = out_and_grads(truth, qs, ks, vs, gs)
+    what = f"seed {seed}: b {b} nq {nq} nk {nk} hq {hq} hkv {hkv} ranks {ranks} dv {dv} {layout} opts {opts}"
+    assert_as_close_as_torch(got[:1], want[:1], torch32[:1], FP32_FLOOR, what=what)
+    c = [1.0 / r for r in ranks] if opts["scale"] == "inv_rank" else [1.0 / math.sqrt(d)] * levels
+    natural = natural_grad_sizes(qs, ks, vs, gs, max(c) / (levels if opts["divide_by_num_levels"] else 1))
+    assert_grads_as_close_as_torch(got[1:], want[1:], torch32[1:], natural, FP32_FLOOR, what)
 
 
 def test_t1025_forward_matches_dense_truth():

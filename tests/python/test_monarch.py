@@ -12,6 +12,8 @@ gradients are torch autograd's. The kernel's tolerances are the core test's
 from __future__ import annotations
 
 import math
+import os
+import random
 
 import pytest
 import torch
@@ -147,6 +149,46 @@ def test_gradients_match_autograd_of_materialised(case):
         assert rel_err(dq, want[0], floor=1e-2) <= FP32_GRAD
         assert rel_err(dk, want[1], floor=1e-2) <= FP32_GRAD
         assert rel_err(dv_, want[2], floor=1e-2) <= FP32_GRAD
+
+
+RANDOM_CASES = int(os.environ.get("STRATA_RANDOM_CASES", "120"))
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_CASES))
+def test_random_option_combinations_match_materialised(seed):
+    """Seeded draws of every option at once: lengths from 1, block sizes from 1 past the length, 1-3
+    steps, both paddings, key padding masks, a scale, GQA, odd head dims, both layouts, strided q /
+    k / v; the output and the three gradients against the float64 materialised truth, with the
+    named cases' tolerances (gradients with a 1e-2 denominator floor)."""
+    rng = random.Random(seed)
+    bt, n = rng.randint(1, 2), rng.choice([1, 2, 5, rng.randint(1, 70)])
+    hkv = rng.randint(1, 2)
+    hq = hkv * rng.choice([1, 2])
+    d = rng.choice([1, 7, 16, rng.randint(1, 40)])
+    dv = rng.choice([d, rng.randint(1, 40)])
+    block, steps, pad = rng.choice([0, 0, 1, 2, rng.randint(1, n + 2)]), rng.randint(1, 3), rng.choice(["post", "pre"])
+    scale = rng.choice([None, 0.3])
+    mask = make_mask(bt, n, seed=seed) if rng.random() < 0.4 else None
+    layout = rng.choice(["bshd", "bhsd"])
+    q, k, v = make_qkv(bt, n, hq, hkv, d, dv, seed=seed)
+    g = torch.rand(bt, n, hq, dv, dtype=torch.float64, generator=torch.Generator().manual_seed(1000 + seed))
+
+    def to_layout(t):  # BSHD -> the call's layout, possibly a strided view
+        t = t.transpose(1, 2).contiguous() if layout == "bhsd" else t
+        return t.transpose(1, 2).contiguous().transpose(1, 2) if rng.random() < 0.3 else t
+
+    def to_bshd(t):
+        return t.transpose(1, 2) if layout == "bhsd" else t
+
+    opts = dict(num_steps=steps, block_size=block, pad=pad, key_padding_mask=mask, scale=scale, layout=layout)
+    got = [to_bshd(t) for t in out_and_grads(lambda a, b, c: strata.monarch_attention(a, b, c, **opts),
+                                             *(to_layout(t) for t in (q, k, v)), to_layout(g.float()))]
+    want = out_and_grads(lambda a, b, c: monarch_materialised(a, b, c, steps, block, pad, mask, scale),
+                         q.double(), k.double(), v.double(), g)
+    what = f"seed {seed}: bt {bt} n {n} hq {hq} hkv {hkv} d {d} dv {dv} masked {mask is not None} opts {opts}"
+    assert rel_err(got[0], want[0]) <= FP32_FWD, what
+    for name, x, y in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+        assert rel_err(x, y, floor=1e-2) <= FP32_GRAD, f"{what} {name}"
 
 
 @pytest.mark.parametrize("mode", ["stable", "reference"])
