@@ -61,6 +61,15 @@ def sdpa_bshd(q, k, v, mask=None, scale=None):
     return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).transpose(1, 2)
 
 
+def masked_sdpa(allowed, additive, scale=None):
+    """sdpa_bshd on BSHD tensors under the bool mask `allowed` (True = attend) and the float logits
+    `additive`, both broadcastable to B x H x Nq x Nk; rows with no allowed key give zeros, as
+    strata's do (documented choice), where SDPA's would be NaN."""
+    float_mask = additive.masked_fill(~allowed, -math.inf)
+    row_ok = allowed.any(-1).transpose(1, 2)[..., None]  # B x Nq x 1 x 1
+    return lambda q, k, v: sdpa_bshd(q, k, v, float_mask.to(q.dtype), scale) * row_ok
+
+
 # ---- gradcheck (float64 = the double reference) ---------------------------------------------
 
 GRADCHECK_CASES = {
@@ -142,15 +151,10 @@ def test_float32_forward_and_grads_match_sdpa(name):
         bias = torch.randn(1, hq, nq, nk)  # broadcast over batch
         opts["bias"] = bias
         additive = additive + bias.double()
-    float_mask = additive.masked_fill(~allowed, -math.inf)
-    # Rows with no allowed key are zeros in strata (documented choice); force SDPA's the same.
-    row_ok = allowed.any(-1).transpose(1, 2)[..., None]  # B x Nq x 1 x 1
+    run_sdpa = masked_sdpa(allowed, additive)
 
     def to_bshd(t):
         return t.transpose(1, 2) if layout == "bhsd" else t
-
-    def run_sdpa(q, k, v):  # on BSHD tensors
-        return sdpa_bshd(q, k, v, float_mask.to(q.dtype)) * row_ok
 
     g = torch.randn(to_bshd(q).shape[:3] + (dv,), generator=torch.Generator().manual_seed(4))
     g = g.transpose(1, 2) if layout == "bhsd" else g
@@ -230,14 +234,10 @@ def test_random_option_combinations_match_sdpa(seed):
         bias = torch.randn(rng.choice([1, b]), rng.choice([1, h]), rng.choice([1, nq]), nk, generator=g_cpu)
         opts["bias"] = bias
         additive = additive + bias.double()
-    float_mask = additive.masked_fill(~allowed, -math.inf)
-    row_ok = allowed.any(-1).transpose(1, 2)[..., None]  # B x Nq x 1 x 1
+    run_sdpa = masked_sdpa(allowed, additive, scale)
 
     def to_bshd(t):
         return t.transpose(1, 2) if layout == "bhsd" else t
-
-    def run_sdpa(q, k, v):
-        return sdpa_bshd(q, k, v, float_mask.to(q.dtype), scale) * row_ok
 
     g = torch.randn(b, nq, h, dv, generator=g_cpu)
     g = g.transpose(1, 2) if layout == "bhsd" else g
