@@ -198,58 +198,78 @@ def _assert_grads_close(got, want, torch32, natural, what):
         assert err <= bound, f"{what} {name}: error {err:.3g} vs torch {err_torch:.3g}, bound {bound:.3g}"
 
 
+class RandomDraw:
+    """One seeded draw of every option of attention at once: sizes from 1, odd head dims, GQA / MQA
+    and a query shared by kv heads, causal, windows, globals, key padding with fully masked rows, a
+    bias broadcast over any dims, an explicit scale, both layouts, strided q / k / v."""
+
+    def __init__(self, seed: int, dtype: torch.dtype):
+        rng = random.Random(seed)
+        self.b = b = rng.randint(1, 3)
+        self.nq = nq = rng.choice([1, 2, 7, rng.randint(1, 97)])
+        self.nk = nk = rng.choice([nq, 1, rng.randint(1, 97)])
+        base, group = rng.randint(1, 3), rng.choice([1, 2, 3])
+        self.hq, self.hkv = hq, hkv = (base, base * group) if rng.random() < 0.3 else (base * group, base)
+        self.h = h = max(hq, hkv)
+        self.d = d = rng.choice([1, 3, 17, 64, rng.randint(1, 80)])
+        self.dv = dv = rng.choice([d, rng.randint(1, 80)])
+        causal = rng.random() < 0.5
+        window = (rng.choice([-1, 0, 3, rng.randint(0, 40)]), rng.choice([-1, 0, 2, rng.randint(0, 40)]))
+        window = window if rng.random() < 0.5 else (-1, -1)
+        num_global = rng.choice([0, 1, 3]) if window != (-1, -1) else 0
+        self.scale = scale = rng.choice([None, 0.1, 1.0 / math.sqrt(d) * 0.7])
+        self.layout = layout = rng.choice(["bshd", "bhsd"])
+        g_cpu = torch.Generator().manual_seed(1000 + seed)
+        self.q, self.k, self.v = rand_qkv(b, nq, nk, hq, hkv, d, dv, dtype, layout, seed=seed)
+        self.opts = dict(scale=scale, causal=causal, window=window, num_global=num_global, layout=layout)
+        allowed = allowed_mask(nq, nk, causal, window, num_global)[None, None]
+        additive = torch.zeros(1, 1, nq, nk, dtype=torch.float64)
+        if rng.random() < 0.35:
+            mask = torch.rand(b, nk, generator=g_cpu) < rng.choice([0.3, 0.8])
+            self.opts["key_padding_mask"] = mask
+            allowed = allowed & mask[:, None, None, :]
+        if rng.random() < 0.35:
+            bias = torch.randn(rng.choice([1, b]), rng.choice([1, h]), rng.choice([1, nq]), nk, generator=g_cpu)
+            self.opts["bias"] = bias
+            additive = additive + bias.double()
+        self.run_sdpa = masked_sdpa(allowed, additive, scale)
+        g = torch.randn(b, nq, h, dv, generator=g_cpu)
+        self.g = g.transpose(1, 2) if layout == "bhsd" else g
+        self.views = [_strided(t, rng.choice(["every_other", "swapped", "as_is"])) for t in (self.q, self.k, self.v)]
+        self.what = f"seed {seed}: b {b} nq {nq} nk {nk} hq {hq} hkv {hkv} d {d} dv {dv} opts {self.opts}"
+
+    def to_bshd(self, t):
+        return t.transpose(1, 2) if self.layout == "bhsd" else t
+
+
 @pytest.mark.parametrize("seed", range(RANDOM_CASES))
 def test_random_option_combinations_match_sdpa(seed):
-    """Seeded draws of every option at once (what the named cases above take one or two at a time):
-    sizes from 1, odd head dims, GQA / MQA and a query shared by kv heads, causal, windows,
-    globals, key padding with fully masked rows, a bias broadcast over any dims, an explicit scale,
-    both layouts, strided q / k / v. The acceptance rule of the named cases; gradients divided by
-    the size of one term of their sums (conftest.assert_grads_as_close_as_torch: a row with one
-    allowed key has exactly zero dq and dk, and strata leaves round-off of that size there)."""
-    rng = random.Random(seed)
-    b = rng.randint(1, 3)
-    nq = rng.choice([1, 2, 7, rng.randint(1, 97)])
-    nk = rng.choice([nq, 1, rng.randint(1, 97)])
-    base, group = rng.randint(1, 3), rng.choice([1, 2, 3])
-    hq, hkv = (base, base * group) if rng.random() < 0.3 else (base * group, base)
-    h = max(hq, hkv)
-    d = rng.choice([1, 3, 17, 64, rng.randint(1, 80)])
-    dv = rng.choice([d, rng.randint(1, 80)])
-    causal = rng.random() < 0.5
-    window = (rng.choice([-1, 0, 3, rng.randint(0, 40)]), rng.choice([-1, 0, 2, rng.randint(0, 40)]))
-    window = window if rng.random() < 0.5 else (-1, -1)
-    num_global = rng.choice([0, 1, 3]) if window != (-1, -1) else 0
-    scale = rng.choice([None, 0.1, 1.0 / math.sqrt(d) * 0.7])
-    layout = rng.choice(["bshd", "bhsd"])
-    g_cpu = torch.Generator().manual_seed(1000 + seed)
-    q, k, v = rand_qkv(b, nq, nk, hq, hkv, d, dv, torch.float32, layout, seed=seed)
-    opts = dict(scale=scale, causal=causal, window=window, num_global=num_global, layout=layout)
-    allowed = allowed_mask(nq, nk, causal, window, num_global)[None, None]
-    additive = torch.zeros(1, 1, nq, nk, dtype=torch.float64)
-    if rng.random() < 0.35:
-        mask = torch.rand(b, nk, generator=g_cpu) < rng.choice([0.3, 0.8])
-        opts["key_padding_mask"] = mask
-        allowed = allowed & mask[:, None, None, :]
-    if rng.random() < 0.35:
-        bias = torch.randn(rng.choice([1, b]), rng.choice([1, h]), rng.choice([1, nq]), nk, generator=g_cpu)
-        opts["bias"] = bias
-        additive = additive + bias.double()
-    run_sdpa = masked_sdpa(allowed, additive, scale)
+    """fp32 forward and gradients of a RandomDraw against SDPA in float64: the acceptance rule of the
+    named cases; gradients divided by the size of one term of their sums
+    (conftest.assert_grads_as_close_as_torch: a row with one allowed key has exactly zero dq and dk,
+    and strata leaves round-off of that size there)."""
+    r = RandomDraw(seed, torch.float32)
+    got = [r.to_bshd(t) for t in out_and_grads(lambda q, k, v: strata.attention(q, k, v, **r.opts), *r.views, r.g)]
+    qs, ks, vs, gs = (r.to_bshd(t) for t in (r.q, r.k, r.v, r.g))
+    want = out_and_grads(r.run_sdpa, qs.double(), ks.double(), vs.double(), gs)
+    torch32 = out_and_grads(r.run_sdpa, qs, ks, vs, gs)
+    assert_as_close_as_torch(got[:1], want[:1], torch32[:1], FP32_FLOOR, what=r.what)
+    natural = natural_grad_sizes(qs, ks, vs, gs, r.scale if r.scale is not None else 1.0 / math.sqrt(r.d))
+    assert_grads_as_close_as_torch(got[1:], want[1:], torch32[1:], natural, FP32_FLOOR, r.what)
 
-    def to_bshd(t):
-        return t.transpose(1, 2) if layout == "bhsd" else t
 
-    g = torch.randn(b, nq, h, dv, generator=g_cpu)
-    g = g.transpose(1, 2) if layout == "bhsd" else g
-    views = [_strided(t, rng.choice(["every_other", "swapped", "as_is"])) for t in (q, k, v)]
-    got = [to_bshd(t) for t in out_and_grads(lambda q, k, v: strata.attention(q, k, v, **opts), *views, g)]
-    qs, ks, vs = to_bshd(q), to_bshd(k), to_bshd(v)
-    want = out_and_grads(run_sdpa, qs.double(), ks.double(), vs.double(), to_bshd(g))
-    torch32 = out_and_grads(run_sdpa, qs, ks, vs, to_bshd(g))
-    what = f"seed {seed}: b {b} nq {nq} nk {nk} hq {hq} hkv {hkv} d {d} dv {dv} opts {opts}"
-    assert_as_close_as_torch(got[:1], want[:1], torch32[:1], FP32_FLOOR, what=what)
-    natural = natural_grad_sizes(qs, ks, vs, to_bshd(g), scale if scale is not None else 1.0 / math.sqrt(d))
-    assert_grads_as_close_as_torch(got[1:], want[1:], torch32[1:], natural, FP32_FLOOR, what)
+@pytest.mark.parametrize("seed", range(RANDOM_CASES // 2))
+def test_random_option_combinations_bfloat16_forward(seed):
+    """The bf16 forward of a RandomDraw on each compute choice (bf16 products on this CPU's engines,
+    or fp32) against SDPA in float64: at most twice SDPA bf16's own error plus one bf16 unit
+    roundoff, as the named bf16 cases."""
+    r = RandomDraw(seed, torch.bfloat16)
+    qs, ks, vs = (r.to_bshd(t) for t in (r.q, r.k, r.v))
+    want = r.run_sdpa(qs.double(), ks.double(), vs.double())
+    err_torch = rel_err(r.run_sdpa(qs, ks, vs), want)
+    for compute in ["auto", "fp32", *bf16_engines()]:
+        out = r.to_bshd(strata.attention_forward(*r.views, **r.opts, compute=compute)[0])
+        assert rel_err(out, want) <= 2 * err_torch + BF16_FLOOR, f"{r.what} compute {compute}"
 
 
 def test_forward_lse_and_backward_ops_are_consistent():
