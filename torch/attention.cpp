@@ -76,17 +76,12 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& dout, const AttentionArgs& a) {
-  const char* where = "attention_backward";
-  const Layout l = parse_layout(where, a.layout);
-  const QkvViews in = attention_views(where, q, k, v, l, kKernelDTypes);
-  const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
-  const TensorView gv = view_of(dout, where, "dout");
-  const AttentionOptions opt = attention_options(where, a, l, in.q.dtype);
-  // dq, dk, dv: shapes, dtypes and memory order of q, k, v (empty_like: contiguous for an overlapping
-  // input such as an expand()ed q, whose heads each get their own dq; autograd sums them)
+  attention_views("attention_backward", q, k, v, parse_layout("attention_backward", a.layout), kKernelDTypes);
+  // dq, dk, dv (q, k, v checked first: empty_like of a bad one would fail without naming it): shapes,
+  // dtypes and memory order of q, k, v (empty_like: contiguous for an overlapping input such as an
+  // expand()ed q, whose heads each get their own dq; autograd sums them)
   at::Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);
-  strata::attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
-                             view_of(dv, where, "dv"), opt);
+  attention_backward_into(q, k, v, out, lse, dout, dq, dk, dv, a);
   return {dq, dk, dv};
 }
 

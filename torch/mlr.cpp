@@ -200,16 +200,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlr_attention_backward(const at::
                                                                       const at::Tensor& v, const at::Tensor& out,
                                                                       const at::Tensor& lse, const at::Tensor& dout,
                                                                       const MlrArgs& a) {
-  const char* where = "mlr_attention_backward";
-  const Layout l = binding::parse_layout(where, a.layout);
-  const QkvViews in = qkv_views(where, q, k, v, l, kKernelDTypes);
-  const TensorView ov = view_of(out, where, "out"), lv = view_of(lse, where, "lse");
-  const TensorView gv = view_of(dout, where, "dout");
-  const ResolvedOptions r = make_options(where, a, l, in.d.batch);
-  // dq, dk, dv: shapes, dtypes and memory order of q, k, v
+  qkv_views("mlr_attention_backward", q, k, v, binding::parse_layout("mlr_attention_backward", a.layout),
+            kKernelDTypes);
+  // dq, dk, dv (q, k, v checked first: empty_like of a bad one would fail without naming it):
+  // shapes, dtypes and memory order of q, k, v
   at::Tensor dq = binding::empty_grad_like(q), dk = binding::empty_grad_like(k), dv = binding::empty_grad_like(v);
-  strata::mlr_attention_backward(in.q, in.k, in.v, ov, lv, gv, view_of(dq, where, "dq"), view_of(dk, where, "dk"),
-                                 view_of(dv, where, "dv"), r.opt);
+  mlr_attention_backward_into(q, k, v, out, lse, dout, dq, dk, dv, a);
   return {dq, dk, dv};
 }
 
