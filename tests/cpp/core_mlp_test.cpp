@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "strata/cpu.h"
@@ -300,19 +301,21 @@ TEST(Mlp, ReferenceBackwardIsTheDerivative) {
     for (size_t i = 0; i < y.size(); ++i) s += y[i] * g[i];
     return s;
   };
-  auto check = [&](Mat& m, const std::vector<double>& grad, const char* name) {
+  // grad against central differences of f over every entry of m
+  auto check_against = [&](auto&& f, Mat& m, const std::vector<double>& grad, const std::string& name) {
     size_t i = 0;
     m.for_each([&](int64_t* idx) {
       const double v = m.view.get(idx), eps = 1e-6;
       m.view.set(idx, v + eps);
-      const double up = loss();
+      const double up = f();
       m.view.set(idx, v - eps);
-      const double down = loss();
+      const double down = f();
       m.view.set(idx, v);
       EXPECT_NEAR(grad[i], (up - down) / (2 * eps), 1e-7) << name << " entry " << i;
       ++i;
     });
   };
+  auto check = [&](Mat& m, const std::vector<double>& grad, const char* name) { check_against(loss, m, grad, name); };
   check(x, dx, "x");
   check(w1, dw1, "w1");
   check(b1, db1, "b1");
@@ -338,17 +341,7 @@ TEST(Mlp, ReferenceBackwardIsTheDerivative) {
     return s;
   };
   auto check_lin = [&](Mat& m, const std::vector<double>& grad, const char* name) {
-    size_t i = 0;
-    m.for_each([&](int64_t* idx) {
-      const double v = m.view.get(idx), eps = 1e-6;
-      m.view.set(idx, v + eps);
-      const double up = lin_loss();
-      m.view.set(idx, v - eps);
-      const double down = lin_loss();
-      m.view.set(idx, v);
-      EXPECT_NEAR(grad[i], (up - down) / (2 * eps), 1e-7) << "ln_linear " << name << " entry " << i;
-      ++i;
-    });
+    check_against(lin_loss, m, grad, std::string("ln_linear ") + name);
   };
   check_lin(x, lx, "x");
   check_lin(w1, lw, "w");
