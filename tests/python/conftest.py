@@ -68,6 +68,19 @@ def assert_as_close_as_torch(got, want, torch_same_precision, floor, grad_floor=
         assert err <= bound, f"{what} tensor {i} (0 = out, 1..3 = dq, dk, dv): {err:.3g} vs torch {err_torch:.3g}"
 
 
+def strided_view(t: torch.Tensor, how: str) -> torch.Tensor:
+    """t's values in another memory layout: "every_other" (every other element of a twice larger
+    buffer, in every dim), "swapped" (dims 1 and 2 swapped in memory) or "as_is"."""
+    if how == "every_other":
+        big = torch.zeros([2 * n for n in t.shape], dtype=t.dtype)
+        view = big[tuple(slice(None, None, 2) for _ in t.shape)]
+        view.copy_(t)
+        return view
+    if how == "swapped":
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    return t
+
+
 def natural_grad_sizes(q, k, v, g, scale):
     """The size of one term of the sums that make dq, dk, dv of softmax(scale * q k^T) v, from BSHD
     q, k, v and the output gradient g (heads repeated to g's): scale * max|k| * max|g_i . v_j|,

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import strata
 from conftest import (assert_as_close_as_torch, assert_grads_as_close_as_torch, assert_raises_naming, bf16_engines,
-                      natural_grad_sizes, out_and_grads, rand_qkv, rel_err)
+                      natural_grad_sizes, out_and_grads, rand_qkv, rel_err, strided_view)
 
 # Acceptance rule (FlashAttention's): strata's error against the float64 truth is at most twice
 # PyTorch's own error for the same computation in the same precision, plus a floor for draws on
@@ -167,19 +167,6 @@ def test_float32_forward_and_grads_match_sdpa(name):
     assert_as_close_as_torch(got, want, torch32, FP32_FLOOR, what=name)
 
 
-def _strided(t: torch.Tensor, how: str) -> torch.Tensor:
-    """t's values in another memory layout: every other element of a twice larger buffer, heads and
-    positions swapped in memory, or as is."""
-    if how == "every_other":
-        big = torch.zeros([2 * n for n in t.shape], dtype=t.dtype)
-        view = big[tuple(slice(None, None, 2) for _ in t.shape)]
-        view.copy_(t)
-        return view
-    if how == "swapped":
-        return t.transpose(1, 2).contiguous().transpose(1, 2)
-    return t
-
-
 RANDOM_CASES = int(os.environ.get("STRATA_RANDOM_CASES", "200"))
 
 
@@ -235,7 +222,8 @@ class RandomDraw:
         self.run_sdpa = masked_sdpa(allowed, additive, scale)
         g = torch.randn(b, nq, h, dv, generator=g_cpu)
         self.g = g.transpose(1, 2) if layout == "bhsd" else g
-        self.views = [_strided(t, rng.choice(["every_other", "swapped", "as_is"])) for t in (self.q, self.k, self.v)]
+        self.views = [strided_view(t, rng.choice(["every_other", "swapped", "as_is"]))
+                      for t in (self.q, self.k, self.v)]
         self.what = f"seed {seed}: b {b} nq {nq} nk {nk} hq {hq} hkv {hkv} d {d} dv {dv} opts {self.opts}"
 
     def to_bshd(self, t):

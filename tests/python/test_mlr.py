@@ -24,7 +24,7 @@ import torch
 
 import strata
 from conftest import (assert_as_close_as_torch, assert_grads_as_close_as_torch, assert_raises_naming,
-                      natural_grad_sizes, out_and_grads, rand_qkv, rel_err)
+                      natural_grad_sizes, out_and_grads, rand_qkv, rel_err, strided_view)
 
 FP32_FLOOR = 1e-6  # ~8 ulps of the largest output (see test_attention.py)
 # Gradients: where the truth is exactly zero (T = 1: one key per row, so dq = dk = 0) the kernel
@@ -230,7 +230,7 @@ def test_random_option_combinations_match_dense_truth(seed):
     def run(q, k, v):
         return strata.mlr_attention(q, k, v, ranks, layout=layout, **strata_opts(opts))
 
-    views = [t.transpose(1, 2).contiguous().transpose(1, 2) if rng.random() < 0.3 else t for t in (q, k, v)]
+    views = [strided_view(t, "swapped" if rng.random() < 0.3 else "as_is") for t in (q, k, v)]
     got = [to_bshd(t) for t in out_and_grads(run, *views, g)]
     qs, ks, vs = (to_bshd(t) for t in (q, k, v))
 

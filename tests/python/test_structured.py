@@ -16,7 +16,7 @@ import torch
 
 import strata
 from strata import structured as st
-from conftest import assert_raises_naming, rel_err
+from conftest import assert_raises_naming, rel_err, strided_view
 
 SPECS = {
     "low_rank": lambda: st.low_rank(13, 11, 3),
@@ -109,11 +109,7 @@ def test_random_operators_match_float64(seed):
     fs = factors_for(spec, torch.float32, seed)
 
     def run(dt, strided):
-        xd = x.to(dt)
-        if strided:
-            big = torch.zeros(rows, 2 * spec.in_features, dtype=dt)
-            big[:, ::2] = xd
-            xd = big[:, ::2]
+        xd = strided_view(x.to(dt), "every_other" if strided else "as_is")
         leaves = [xd.requires_grad_()] + [f.detach().to(dt).requires_grad_() for f in fs]
         y = st.structured_linear(leaves[0], spec, leaves[1:])
         return [y.detach(), *torch.autograd.grad(y, leaves, dy.to(dt))]
