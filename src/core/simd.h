@@ -78,8 +78,8 @@ inline VF vselect_pos(VF c, VF a, VF b) {
 }
 // x = m 2^e with m in [sqrt(1/2), sqrt(2)], for x positive, normal and finite; returns m.
 inline VF vfrexp_sqrt2(VF x, VF* e) {
-  __m512 m = _mm512_getmant_ps(x.v, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
-  __m512 ev = _mm512_getexp_ps(x.v);
+  const __m512 m = _mm512_maskz_getmant_ps(__mmask16(0xffff), x.v, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+  const __m512 ev = _mm512_maskz_getexp_ps(__mmask16(0xffff), x.v);  // (maskz forms: see vtranspose_rows)
   const __mmask16 big = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
   *e = {_mm512_mask_add_ps(ev, big, ev, _mm512_set1_ps(1.f))};
   return {_mm512_mask_mul_ps(m, big, m, _mm512_set1_ps(0.5f))};
