@@ -20,8 +20,18 @@ std::tuple<std::string, std::string, std::string, int64_t, std::string> info() {
           strata::cpu_summary()};
 }
 
+// (the engine compute="auto" gives bfloat16 inputs here: "amx_bf16", "avx512_bf16" or "fp32"; the
+//  core's vdpbf16ps and fp32 FMA rates that decided it, GMAC/s on one thread, zeros without
+//  AVX512-BF16: strata/cpu.h).
+std::tuple<std::string, double, double> bf16_auto() {
+  const strata::Compute c = strata::resolve_compute("bf16_auto", strata::Compute::automatic, true);
+  const strata::Bf16DotRates& r = strata::bf16_dot_rates();
+  return {strata::compute_name(c), r.dot, r.fma};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(strata, m) {
   m.def("info() -> (str version, str torch_version, str isa, int num_threads, str cpu_features)", &info);
+  m.def("bf16_auto() -> (str engine, float dot_gmacs, float fma_gmacs)", &bf16_auto);
 }

@@ -40,6 +40,11 @@ int run_info(const InfoOptions& o) {
              isa_name(active_isa()));
   fmt::print("bf16:     products of bfloat16 inputs on {} (compute = auto; strata/cpu.h)\n",
              compute_name(resolve_compute("strata info", Compute::automatic, true)));
+  if (cpu_features().avx512_bf16) {
+    const Bf16DotRates& r = bf16_dot_rates();
+    fmt::print("          vdpbf16ps {:.1f} vs fp32 FMA {:.1f} GMAC/s on one thread ({:.2f}x; auto takes it at "
+               ">= {:.2f}x)\n", r.dot, r.fma, r.dot / r.fma, kVdpbf16psPays);
+  }
   fmt::print("threads:  strata {}, torch {}; strata's regions run on {} threads (STRATA_THREAD_POOL=torch|own)\n",
              strata::get_num_threads(), at::get_num_threads(),
              strata::torch::thread_pool() == "torch" ? "torch's" : "strata's own");

@@ -22,7 +22,7 @@
 // up to 1024, e.g. Bilinear BTT's model width; workspaces grow linearly in them).
 // q, k, v, o (and the gradients) are float32 or bfloat16, all the same dtype; the softmax, its
 // statistics (max, sum, lse) and every accumulation are fp32. The products Q K^T and P V of a
-// bfloat16 forward run in bf16 where the CPU has AVX512-BF16 or AMX-BF16 (AttentionOptions::compute,
+// bfloat16 forward run in bf16 on AMX-BF16, or AVX512-BF16 where it outruns fp32 (AttentionOptions::compute,
 // strata/cpu.h; attention_compute says which): Q K^T of the bf16 inputs is exact in fp32 before
 // the accumulation; P = exp(s - m) is rounded to bf16 (relative 2^-9) for P V, as FlashAttention
 // does on GPUs, while its row sums stay fp32. The backward runs all five products on the same

@@ -173,10 +173,14 @@ def info() -> dict:
         the environment variable STRATA_ISA lowers it), ``threads`` (strata's thread pool:
         STRATA_NUM_THREADS, else all cores), ``cpu_features``, ``torch`` (the running torch's
         version), ``torch_built_with`` (the LibTorch the library was compiled against) and
-        ``torch_threads`` (torch.get_num_threads()) and ``thread_pool`` (where strata's parallel
-        regions run: see :func:`set_thread_pool`).
+        ``torch_threads`` (torch.get_num_threads()), ``thread_pool`` (where strata's parallel
+        regions run: see :func:`set_thread_pool`), ``bf16_auto`` (the engine ``compute="auto"``
+        gives bfloat16 inputs here: "amx_bf16", "avx512_bf16" or "fp32") and ``bf16_dot_rates``
+        (this core's vdpbf16ps and fp32 FMA rates in GMAC/s on one thread, measured once per
+        process, which decided it: avx512_bf16 only where the first is at least 1.25x the second).
     """
     version, torch_built_with, isa, threads, cpu_features = _ops.info()
+    bf16_auto, dot_rate, fma_rate = _ops.bf16_auto()
     return {
         "version": version,
         "library": str(library_path),
@@ -187,6 +191,8 @@ def info() -> dict:
         "torch_built_with": torch_built_with,
         "torch_threads": torch.get_num_threads(),
         "thread_pool": thread_pool(),
+        "bf16_auto": bf16_auto,
+        "bf16_dot_rates": (dot_rate, fma_rate),
     }
 
 
@@ -272,7 +278,8 @@ def attention(
             q's dtype); it gets no gradient, so it must not require grad.
         layout: "bshd" or "bhsd".
         compute: the products of bfloat16 inputs: "auto" (bf16 products with fp32 accumulation on
-            AMX-BF16 or AVX512-BF16 where the CPU has them, else fp32), "fp32", or one engine,
+            AMX-BF16, or AVX512-BF16 where it outruns fp32 FMAs here, else fp32: ``info()["bf16_auto"]``),
+            "fp32", or one engine,
             "avx512_bf16" / "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs,
             the backward and decoding (<= 4 queries) always compute in fp32.
 

@@ -137,7 +137,8 @@ def mlr_attention(
         compute: the products of bfloat16 inputs (forward: the scores of the leading levels
             that share c_1, and P v; backward: the same scores, dO v^T and P^T dO; the rest fp32,
             include/strata/mlr.h): "auto" (bf16 products with fp32 accumulation on AMX-BF16 or
-            AVX512-BF16 where the CPU has them, else fp32), "fp32", or one engine, "avx512_bf16" /
+            AVX512-BF16 where it outruns fp32 FMAs here, else fp32: ``strata.info()["bf16_auto"]``),
+            "fp32", or one engine, "avx512_bf16" /
             "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs always compute in
             fp32.
 

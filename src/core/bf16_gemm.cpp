@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace strata::cpu::bf16 {
@@ -124,6 +125,49 @@ void acc(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const 
 }  // namespace
 
 const Gemms kAvx512Bf16 = {"avx512_bf16", scaled, scaled_shift_max, acc, nullptr, nullptr};
+
+namespace {
+
+// kChains independent accumulators (more than latency x ports on any core: the loop measures
+// throughput, not latency), `reps` rounds of one instruction per chain; returns nanoseconds.
+constexpr int kChains = 16;
+template <class Step>
+double time_chains(int64_t reps, Step step) {
+  __m512 c[kChains];
+  for (int i = 0; i < kChains; ++i) c[i] = _mm512_set1_ps(1e-3f * float(i));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < reps; ++r) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) c[i] = step(c[i]);
+    __asm__ volatile("" : "+v"(c[0]));  // keeps the rounds from being folded
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  __m512 s = c[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, c[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  volatile float sink = lanes[0];  // the chains' results are used
+  (void)sink;
+  return ns;
+}
+
+}  // namespace
+
+DotRates measure_dot_rates() {
+  // Operands near 1 keep the chains finite and normal (no denormal slow paths) over every round.
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  const __m512bh x = as_bh(_mm512_set1_epi16(0x3f80)), y = as_bh(_mm512_set1_epi16(0x3400));  // 1, 2^-23
+  constexpr int64_t kReps = 4096;  // 65536 instructions a round: ~10-50 us
+  double dot_ns = 1e300, fma_ns = 1e300;
+  // Interleaved, best of each: a round the scheduler interrupts, or one run before the core's
+  // AVX-512 clock settles, does not decide.
+  for (int round = 0; round < 9; ++round) {
+    fma_ns = std::min(fma_ns, time_chains(kReps, [&](__m512 c) { return _mm512_fmadd_ps(c, a, b); }));
+    dot_ns = std::min(dot_ns, time_chains(kReps, [&](__m512 c) { return _mm512_dpbf16_ps(c, x, y); }));
+  }
+  const double instructions = double(kReps) * kChains;
+  return {instructions * 32 / dot_ns, instructions * 16 / fma_ns};
+}
 
 void pack_pairs(const float* src, int64_t rows, int64_t n, int64_t lds, int64_t out_pairs, uint32_t* dst,
                 int64_t ldd) {

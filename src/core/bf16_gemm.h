@@ -42,6 +42,16 @@ struct Gemms {
   void (*end_thread)();
 };
 
+// vdpbf16ps against fp32 FMAs on this core, in multiply-accumulates per nanosecond (one thread,
+// register-resident chains, the best of interleaved rounds: about a millisecond). What decides
+// whether `auto` takes the avx512_bf16 engine (strata/cpu.h): the instruction does twice an FMA's
+// multiply-adds, but its throughput differs by core (here, an Intel Xeon without AMX exposed: a
+// quarter of the FMA's, so half its multiply-adds). AVX512-BF16: call only where the CPU has it.
+struct DotRates {
+  double dot, fma;  // bf16 pair dot products (2 per lane) / fp32 FMAs (1 per lane), MAC per ns
+};
+DotRates measure_dot_rates();
+
 // The engines (each defined in its own unit; call only where the CPU has the ISA).
 extern const Gemms kAvx512Bf16;
 extern const Gemms kAmxBf16;

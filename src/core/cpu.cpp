@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/bf16_gemm.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -39,7 +40,6 @@ CpuFeatures detect() {
   f.avx512vl = os_avx512 && ((b >> 31) & 1);
   f.avx512_fp16 = os_avx512 && ((d >> 23) & 1);
   const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
-  f.amx_bf16_cpu = amx_tile && amx_bf16;
   unsigned a1, b1, c1, d1;
   if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = os_avx512 && ((a1 >> 5) & 1);
   // AMX also needs the OS to grant the tile data state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -136,12 +136,27 @@ bool engine_here(Compute c) {
 
 }  // namespace
 
+const Bf16DotRates& bf16_dot_rates() {
+  static const Bf16DotRates r = [] {
+    if (!cpu_features().avx512_bf16) return Bf16DotRates{};
+    const cpu::bf16::DotRates m = cpu::bf16::measure_dot_rates();
+    return Bf16DotRates{m.dot, m.fma};
+  }();
+  return r;
+}
+
+Compute automatic_compute(bool amx_here, bool vdpbf16ps_here, const Bf16DotRates& rates) {
+  if (amx_here) return Compute::amx_bf16;
+  const bool pays = rates.fma > 0 && rates.dot >= kVdpbf16psPays * rates.fma;
+  return vdpbf16ps_here && pays ? Compute::avx512_bf16 : Compute::fp32;
+}
+
 Compute resolve_compute(const char* where, Compute want, bool bf16_inputs) {
   if (!bf16_inputs || want == Compute::fp32) return Compute::fp32;
-  if (want == Compute::automatic) {  // (why not AVX512-BF16 on AMX CPUs: strata/cpu.h)
+  if (want == Compute::automatic) {  // (the rule: strata/cpu.h)
     if (engine_here(Compute::amx_bf16)) return Compute::amx_bf16;
-    const bool vdpbf16ps_pays = !cpu_features().amx_bf16_cpu;
-    return engine_here(Compute::avx512_bf16) && vdpbf16ps_pays ? Compute::avx512_bf16 : Compute::fp32;
+    if (!engine_here(Compute::avx512_bf16)) return Compute::fp32;  // no probe where it cannot run
+    return automatic_compute(false, true, bf16_dot_rates());
   }
   STRATA_CHECK_ARG(engine_here(want), where, "compute",
                    detail::cat("an engine this CPU and the active ISA (", isa_name(active_isa()), ") have: ",

@@ -743,9 +743,10 @@ TEST(Attention, ComputeResolvesToTheEnginesOfThisCpu) {
   decode.seqlen_q = 4;
   AttentionOptions opt;
   test::IsaGuard guard;
+  const Bf16DotRates& rates = bf16_dot_rates();
   const Compute best = engines.size() > 1 ? Compute::amx_bf16
-                       : !engines.empty() && !cpu_features().amx_bf16_cpu ? Compute::avx512_bf16
-                                                                          : Compute::fp32;
+                       : !engines.empty() && rates.dot >= kVdpbf16psPays * rates.fma ? Compute::avx512_bf16
+                                                                                     : Compute::fp32;
   EXPECT_EQ(attention_compute(d, opt), best);
   EXPECT_EQ(attention_compute(d32, opt), Compute::fp32);
   EXPECT_EQ(attention_compute(decode, opt), Compute::fp32);
@@ -765,6 +766,30 @@ TEST(Attention, ComputeResolvesToTheEnginesOfThisCpu) {
   EXPECT_EQ(attention_compute(d, opt), Compute::fp32);
   opt.compute = Compute::avx512_bf16;
   test::expect_error([&] { attention_compute(d, opt); }, {"'compute'", "active ISA (avx2)", "got avx512_bf16"});
+}
+
+// auto's rule (strata/cpu.h) on given rates, both sides of the threshold, and the probe here.
+TEST(Attention, AutomaticComputeFollowsTheMeasuredRates) {
+  EXPECT_EQ(automatic_compute(true, true, {0.5, 1.0}), Compute::amx_bf16);
+  EXPECT_EQ(automatic_compute(false, true, {2.0, 1.0}), Compute::avx512_bf16);   // AMD Zen 4 / 5 class
+  EXPECT_EQ(automatic_compute(false, true, {0.49, 1.0}), Compute::fp32);         // this Xeon class
+  EXPECT_EQ(automatic_compute(false, true, {1.2, 1.0}), Compute::fp32);          // under kVdpbf16psPays
+  EXPECT_EQ(automatic_compute(false, true, {1.25, 1.0}), Compute::avx512_bf16);  // at it
+  EXPECT_EQ(automatic_compute(false, false, {2.0, 1.0}), Compute::fp32);         // no engine
+  EXPECT_EQ(automatic_compute(false, true, {}), Compute::fp32);                  // no rates
+  const Bf16DotRates& r = bf16_dot_rates();
+  if (!cpu_features().avx512_bf16) {
+    EXPECT_EQ(r.dot, 0.0);
+    EXPECT_EQ(r.fma, 0.0);
+    return;
+  }
+  std::printf("[ vdpbf16ps %.1f, fp32 FMA %.1f GMAC/s on one thread: dot / fma %.2f ]\n", r.dot, r.fma, r.dot / r.fma);
+  // One thread of any AVX-512 core does 1-400 GMAC/s of either; a broken timer or folded loop does not.
+  for (double x : {r.dot, r.fma}) {
+    EXPECT_GT(x, 1.0);
+    EXPECT_LT(x, 400.0);
+  }
+  EXPECT_EQ(&bf16_dot_rates(), &r);  // measured once per process
 }
 
 TEST(Attention, ComputeNamesParse) {

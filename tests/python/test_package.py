@@ -35,12 +35,20 @@ def test_version_is_the_project_version():
 def test_info_reports_the_loaded_library_and_where_it_runs():
     info = strata.info()
     assert set(info) == {"version", "library", "isa", "threads", "cpu_features", "torch", "torch_built_with",
-                         "torch_threads", "thread_pool"}
+                         "torch_threads", "thread_pool", "bf16_auto", "bf16_dot_rates"}
     assert Path(info["library"]) == strata.library_path and strata.library_path.is_file()
     assert info["isa"] in ("scalar", "avx2", "avx512")
     assert isinstance(info["threads"], int) and info["threads"] >= 1
     assert info["torch"] == torch.__version__
     assert info["thread_pool"] in ("torch", "own")
+    dot, fma = info["bf16_dot_rates"]
+    if "avx512_bf16" in info["cpu_features"]:
+        assert dot > 0 and fma > 0
+        want = "amx_bf16" if "amx_bf16" in info["cpu_features"] and info["isa"] == "avx512" else (
+            "avx512_bf16" if info["isa"] == "avx512" and dot >= 1.25 * fma else "fp32")
+        assert info["bf16_auto"] == want, (info["bf16_auto"], dot, fma)
+    else:
+        assert (dot, fma) == (0.0, 0.0) and info["bf16_auto"] == "fp32"
     assert info["torch_built_with"].split(".")[:2] == torch.__version__.split("+")[0].split(".")[:2]
 
 

@@ -33,7 +33,7 @@ struct AttentionArgs {
                                                 // (fewer than 4 dims: leading 1s are implied)
   std::string layout = "bshd";                  // or "bhsd"
   // The products of bfloat16 inputs (strata::Compute, strata/cpu.h): "auto" (bf16 products on
-  // AMX-BF16 / AVX512-BF16 where the CPU has them), "fp32", "avx512_bf16", "amx_bf16".
+  // AMX-BF16, or AVX512-BF16 where it outruns fp32 FMAs here), "fp32", "avx512_bf16", "amx_bf16".
   std::string compute = "auto";
 };
 

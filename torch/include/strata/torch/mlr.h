@@ -40,7 +40,7 @@ struct MlrArgs {
   bool causal = true;
   std::string layout = "bshd";  // or "bhsd"
   // The products of a bfloat16 forward (strata::Compute, strata/cpu.h; strata/mlr.h says which):
-  // "auto" (bf16 products on AMX-BF16 / AVX512-BF16 where the CPU has them), "fp32",
+  // "auto" (bf16 products on AMX-BF16, or AVX512-BF16 where it outruns fp32 here), "fp32",
   // "avx512_bf16", "amx_bf16". The backward runs its value-side products (dO V^T, P^T dO) and the
   // leading levels' scores on the same engine (the autograd Function passes the forward's choice on).
   std::string compute = "auto";
