@@ -14,8 +14,8 @@
 // head_dim 256 and 1024, causal and not, fwd and fwd+bwd, float32 and bfloat16 (48 rows; --quick:
 // the 4 float32 non-causal rows at N = 1024).
 //
-// bfloat16 rows run strata with its default compute (bf16 products on AMX-BF16 / AVX512-BF16 where
-// the CPU has them, strata/cpu.h) and, in the same rounds, the same call with compute = fp32; a line
+// bfloat16 rows run strata with its default compute (bf16 products on AMX-BF16, or AVX512-BF16
+// where it outruns fp32 FMAs, strata/cpu.h) and, in the same rounds, the same call with compute = fp32; a line
 // under the row gives both times, their paired ratio, and the error of ours, of ours in fp32
 // compute and of SDPA bf16 against the double reference on batch 0, head 0 (rows up to
 // --ref-max-seq tokens; attention_runner.h).

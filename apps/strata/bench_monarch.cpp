@@ -432,8 +432,9 @@ int run_bench_monarch(const BenchMonarchOptions& o) {
   // the best engine here (what the dense and MLR kernels' auto takes); Monarch's auto keeps fp32
   const Compute engine = resolve_compute("strata bench monarch", Compute::automatic, true);
   if (bf16 && engine == Compute::fp32)  // (as bench mlr: the group still times bf16 inputs against the bf16 peers)
-    fmt::print("note: this CPU (ISA) has no bf16 products' engine (AVX512-BF16 / AMX-BF16; strata info): ours "
-               "computes in fp32, so its row against 'compute=fp32' times the same call twice\n");
+    fmt::print("note: auto computes in fp32 here (no bf16 engine at this ISA, or vdpbf16ps no faster than fp32 "
+               "FMAs: strata info): ours computes in fp32, so its row against 'compute=fp32' times the same call "
+               "twice\n");
   const int threads = configure_threads(o.threads);
   fmt::print("measuring the fp32 FMA peak on {} threads...\n", threads);
   std::fflush(stdout);

@@ -278,10 +278,10 @@ def attention(
             q's dtype); it gets no gradient, so it must not require grad.
         layout: "bshd" or "bhsd".
         compute: the products of bfloat16 inputs: "auto" (bf16 products with fp32 accumulation on
-            AMX-BF16, or AVX512-BF16 where it outruns fp32 FMAs here, else fp32: ``info()["bf16_auto"]``),
-            "fp32", or one engine,
-            "avx512_bf16" / "amx_bf16" (RuntimeError where the CPU lacks it). float32 inputs,
-            the backward and decoding (<= 4 queries) always compute in fp32.
+            AMX-BF16, or AVX512-BF16 where it outruns fp32 FMAs here, else fp32:
+            ``info()["bf16_auto"]``), "fp32", or one engine, "avx512_bf16" / "amx_bf16"
+            (RuntimeError where the CPU lacks it); the autograd backward computes as the forward
+            was asked. float32 inputs and decoding (<= 4 queries) always compute in fp32.
 
     Returns:
         out: batch x seq_q x H x head_dim_v (in ``layout``), H = max(heads_q, heads_kv). Query
