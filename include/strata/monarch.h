@@ -53,18 +53,26 @@
 // tests/cpp/core_nonfinite_test.cpp.
 //
 // bf16 products (opt in): with compute = avx512_bf16 or amx_bf16 a bfloat16 forward runs its six
-// products on that bf16 engine (bf16 operands, fp32 accumulation, as attention.h's). compute =
-// auto keeps fp32 products for Monarch: the bf16 path is correct but not faster yet (bench
-// monarch --dtype bfloat16, 12 heads, d = 64, 2 threads, AMX: 1.17x fp32 compute at N = 4096 T = 1,
-// 1.01x at T = 2, 0.79-0.89x at N = 1024; AVX512-BF16 2x slower than fp32 on that Xeon; its
-// operands go through fp32 copies and the small products do not hide the packing).
-// Products of the inputs read them exactly (S = q k^T at step 1, the keys, values and queries of
-// every product); y = R v and o = L y read R, L and y rounded to bf16, as attention.h rounds P. The
-// operands that feed a logit, R and al (for the L logits q . al - cl), w L and abar (for the next
-// step's R logits), enter their products as two bf16 parts, hi + lo (x - hi - lo ~ 2^-17 x): one
-// rounding there moved logits by 2^-9 of their scale and the gradients through the saved state by
-// 2% (T = 3, peaky softmaxes). Softmaxes, their statistics (cl) and every sum stay fp32. The
-// backward computes in fp32 whatever compute asks. compute = fp32 keeps every product fp32.
+// products on that bf16 engine (bf16 operands, fp32 accumulation, as attention.h's), and the
+// backward its gradient products. compute = auto keeps fp32 products for Monarch: the forward's
+// bf16 path is correct but not faster (bench monarch --dtype bfloat16, 12 heads, d = 64, 2
+// threads: 1.17x fp32 compute at N = 4096 T = 1 on AMX, 1.01x at T = 2, 0.79-0.89x at N = 1024;
+// 0.84-1.04x on an AMD EPYC's AVX512-BF16; its operands go through fp32 copies and the small
+// products do not hide the packing); the backward's runs 1.14-1.22x its fp32 compute on that EPYC
+// (N = 1024-16384, T = 1, 2).
+// Forward: products of the inputs read them exactly (S = q k^T at step 1, the keys, values and
+// queries of every product); y = R v and o = L y read R, L and y rounded to bf16, as attention.h
+// rounds P. The operands that feed a logit, R and al (for the L logits q . al - cl), w L and abar
+// (for the next step's R logits), enter their products as two bf16 parts, hi + lo (x - hi - lo ~
+// 2^-17 x): one rounding there moved logits by 2^-9 of their scale and the gradients through the
+// saved state by 2% (T = 3, peaky softmaxes). Softmaxes, their statistics (cl) and every sum stay
+// fp32. Backward: the recomputed products that give R and L (S = A k^T, U = al q^T, and the R-step's
+// al and y) stay fp32, so R and L are those of fp32 compute; the gradient products (ten a step:
+// dL = y G^T, dy = L G, dq += du^T al (+ P^T dabar), dal = du q, dP = (sc dal) k^T + dy v^T,
+// dabar = ds' K, dk += ds'^T A + R^T (sc dal), dv += R^T dy) read their fp32 intermediates rounded
+// to bf16 once, as FlashAttention rounds P and dS: the gradients' error against the double
+// reference, worst over the core sweep, 8.3e-3 (3.7e-3 with fp32 products; the tests hold both to
+// 2e-2, as attention's bf16 gradients). compute = fp32 keeps every product fp32.
 //
 // Padding: N not a multiple of B is zero-padded to M*B tokens, at the end (MonarchPad::post) or at
 // the front (MonarchPad::pre: ViT with B = 14, N = 197 puts CLS + padding in block 0). Padded
@@ -114,7 +122,7 @@ struct MonarchOptions {
   Layout layout = Layout::BSHD;
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1 / sqrt(head_dim)
   TensorView key_padding_mask;  // optional: batch x seqlen, uint8, nonzero = keep
-  Compute compute = Compute::automatic;  // products of a bf16 forward (strata/cpu.h; see above)
+  Compute compute = Compute::automatic;  // products of a bf16 forward / backward (strata/cpu.h; see above)
 };
 
 // Block geometry for a sequence length (after the block_size default is applied).
@@ -136,8 +144,8 @@ void validate(const char* where, const MonarchOptions& opt, const AttnDims& d);
 // MACs, which is the paper's N * D * [T (2B + 2M) + B] when Dv = D and N = P. N = 0 gives 0.
 double monarch_attention_flops(const AttnDims& d, const MonarchOptions& opt);
 
-// The engine a forward of sizes d with opt runs its products on (strata/cpu.h): fp32, or the
-// avx512_bf16 / amx_bf16 engine opt.compute names for bf16 inputs (auto: fp32; see the file
+// The engine a forward or backward of sizes d with opt runs its products on (strata/cpu.h): fp32,
+// or the avx512_bf16 / amx_bf16 engine opt.compute names for bf16 inputs (auto: fp32; see the file
 // comment). Throws strata::Error naming 'compute' when opt.compute asks for an engine this CPU (or
 // the active ISA) does not have.
 Compute monarch_attention_compute(const AttnDims& d, const MonarchOptions& opt);

@@ -93,10 +93,11 @@ def monarch_attention(
         key_padding_mask: batch x seq bool; masked tokens are neither keys nor queries (stable
             mode: their output rows are zeros).
         layout: "bshd" or "bhsd".
-        compute: the products of a bfloat16 forward: "auto" and "fp32" compute in fp32 (Monarch's
-            bf16 products are opt in: not faster than fp32 yet); "avx512_bf16" or "amx_bf16" run
-            the forward's products on that engine, bf16 operands with fp32 accumulation
-            (RuntimeError where the CPU lacks it). The backward and float32 inputs compute in fp32.
+        compute: the products of a bfloat16 forward and backward: "auto" and "fp32" compute in
+            fp32 (Monarch's bf16 products are opt in: the forward's are not faster than fp32);
+            "avx512_bf16" or "amx_bf16" run the forward's products and the backward's gradient
+            products on that engine, bf16 operands with fp32 accumulation (RuntimeError where the
+            CPU lacks it; strata/monarch.h says what is rounded). float32 inputs compute in fp32.
 
     Returns:
         out: batch x seq x heads_q x head_dim_v. Differentiable once.

@@ -159,6 +159,7 @@ void monarch_attention_backward(const TensorView& q, const TensorView& k, const 
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
+  p.bf16_gemms = cpu::bf16::engine(resolve(where, opt.compute, d.dtype == DType::bf16));
   STRATA_ACTIVE_KERNELS(kMonarchKernels).backward(p);
 }
 

@@ -25,7 +25,8 @@ struct MonarchParams {
   int64_t kpm_sb = 0, kpm_ss = 0;
   float* state = nullptr;  // optional: B x Hq x (T-1) x (M*B) x D, fp32
   int64_t st_sb = 0, st_sh = 0, st_st = 0, st_sp = 0, st_sd = 0;
-  // forward only: the bf16 engine of its products (bf16 inputs, src/core/bf16_gemm.h), or null
+  // the bf16 engine of the products (bf16 inputs, src/core/bf16_gemm.h), or null: the forward's
+  // six, the backward's gradient products (src/cpu/kernels/monarch.inc)
   const bf16::Gemms* bf16_gemms = nullptr;
   // backward only
   Strided4 dout, dq, dk, dv;

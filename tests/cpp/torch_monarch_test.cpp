@@ -320,10 +320,10 @@ void expect_error(F f, std::initializer_list<const char*> want) {
 // The compute option (MonarchArgs::compute, strata/cpu.h) through the binding. "auto" and "fp32"
 // run the same fp32 products (Monarch's auto keeps fp32: strata/monarch.h), so their outputs and
 // gradients are the same bits, and the ops' forward / backward give the autograd Function's bits.
-// Each bf16 engine this CPU has runs the forward's products: its output differs from fp32's (the
-// option reached the kernel) and holds the core sweep's bf16-products tolerances against the
-// float64 reference (o 2e-2, gradients 1e-2: MonarchBf16ComputeSweep, core_monarch_test.cpp; the
-// backward computes in fp32 from the forward's saved state), and its autograd backward is the
+// Each bf16 engine this CPU has runs the forward's products and the backward's gradient products:
+// its output and gradients differ from fp32's (the option reached both kernels) and hold the core
+// sweep's bf16-products tolerances against the float64 reference (2e-2, gradients with a 1e-2
+// floor: MonarchBf16ComputeSweep, core_monarch_test.cpp), and its autograd backward is the
 // backward op's, bit for bit. A name that is no engine is an error naming 'compute', on the kernel
 // path and on the torch-ops path (meta tensors).
 TEST(TorchMonarch, Bfloat16ComputeOption) {
@@ -372,11 +372,12 @@ TEST(TorchMonarch, Bfloat16ComputeOption) {
     ++engines;
     SCOPED_TRACE(engine);
     const auto got = run(engine);
-    EXPECT_FALSE(at::equal(got[0], fp32[0])) << "the fp32 products' output: no engine ran";
+    for (int i = 0; i < 4; ++i)
+      EXPECT_FALSE(at::equal(got[size_t(i)], fp32[size_t(i)])) << "fp32 products' " << names[i] << ": no engine ran";
     EXPECT_LE(rel_err(got[0], want), 2e-2) << "out";
-    EXPECT_LE(rel_err(got[1], rq, 1e-2), 1e-2) << "dq";
-    EXPECT_LE(rel_err(got[2], rk, 1e-2), 1e-2) << "dk";
-    EXPECT_LE(rel_err(got[3], rv, 1e-2), 1e-2) << "dv";
+    EXPECT_LE(rel_err(got[1], rq, 1e-2), 2e-2) << "dq";
+    EXPECT_LE(rel_err(got[2], rk, 1e-2), 2e-2) << "dk";
+    EXPECT_LE(rel_err(got[3], rv, 1e-2), 2e-2) << "dv";
   }
   std::printf("TorchMonarch.Bfloat16ComputeOption: %d bf16 engine(s) on this CPU\n", engines);
   a.compute = "bf16";

@@ -29,10 +29,11 @@ struct MonarchArgs {
   std::optional<double> scale;                  // default 1/sqrt(head_dim)
   std::optional<at::Tensor> key_padding_mask;   // batch x seq, bool/uint8, true = token (key AND query)
   std::string layout = "bshd";                  // or "bhsd"
-  // The products of a bfloat16 forward (strata/cpu.h names: "auto", "fp32", "avx512_bf16",
-  // "amx_bf16"). "auto" keeps fp32 for Monarch (its bf16 path is not faster yet: strata/monarch.h);
-  // an engine name runs the forward's products on it (an error naming 'compute' where the CPU lacks
-  // it). The backward always computes in fp32; float32 inputs always do.
+  // The products of a bfloat16 forward and backward (strata/cpu.h names: "auto", "fp32",
+  // "avx512_bf16", "amx_bf16"). "auto" keeps fp32 for Monarch (its forward's bf16 path is not
+  // faster: strata/monarch.h); an engine name runs the forward's products and the backward's
+  // gradient products on it (an error naming 'compute' where the CPU lacks it). float32 inputs
+  // always compute in fp32.
   std::string compute = "auto";
 };
 
