@@ -32,11 +32,11 @@
 // because the kernel computes the padded blocks too. Dense: strata::attention_flops, 4*N^2*D.
 // Backward 2.5x forward for both (docs/methods.md's convention). ideal_mac_ratio = dense / Monarch
 // FLOPs; rows against a peer carry fraction_of_ideal = speedup / ideal_mac_ratio.
-// --dtype bfloat16: one forward group per N on bf16 tensors: ours with the CPU's best bf16 engine
+// --dtype bfloat16: a forward and a backward group per N on bf16 tensors: ours with the CPU's best bf16 engine
 // (compute = amx_bf16, else avx512_bf16, as the dense kernel's auto; Monarch's own auto keeps fp32;
 // fp32 where the CPU has no engine, as bench mlr, and a note says so) for each T, against the same
 // call with compute = fp32, strata.flash and SDPA in bf16; each method's error against its double
-// reference (head 0, N <= 4096: Monarch's for ours, the dense one for the peers) printed and kept
+// reference (head 0, N <= 4096, backward N <= 2048: Monarch's for ours, the dense one for the peers) printed and kept
 // in the rows (extra). bf16 tolerance 2e-2 (the core's bf16 sweep's, tests/cpp/core_monarch_test.cpp).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -276,13 +276,13 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
   }
 }
 
-// The bf16 forward group of one N (--dtype bfloat16; see the file comment).
+// The bf16 groups of one N, forward then backward (--dtype bfloat16; see the file comment).
 void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
                 const TimingPlan& plan, Compute engine) {
   at::manual_seed(20250518);
   const std::vector<int64_t> sizes{1, heads, N, kHeadDim};  // batch x heads x N x d (BHSD)
   const at::Tensor q = at::randn(sizes).to(at::kBFloat16), k = at::randn(sizes).to(at::kBFloat16),
-                   v = at::randn(sizes).to(at::kBFloat16);
+                   v = at::randn(sizes).to(at::kBFloat16), dout = at::randn(sizes).to(at::kBFloat16);
   strata::torch::AttentionArgs dense_args;
   dense_args.layout = "bhsd";
   const size_t S = steps_list.size();
@@ -301,91 +301,146 @@ void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<in
   dims.heads_q = dims.heads_kv = heads;
   dims.head_dim = dims.head_dim_v = kHeadDim;
   const AttentionFlops dense = attention_flops(dims, /*causal=*/false);
-  const bool with_ref = N <= kRefMaxN;
-
-  std::vector<at::Tensor> o(S), o32(S);
-  at::Tensor o_dense, o_sdpa;
-  std::vector<BenchMethod> fns;  // ours for each T, ours compute = fp32 for each T, strata.flash, torch.sdpa
   // Through the LibTorch layer, as a user calls it (its output allocation included, as the peers')
   std::vector<strata::torch::MonarchArgs> args(S), args32(S);  // made once, not per timed call
   for (size_t s = 0; s < S; ++s) {
     args[s] = torch_args(opts[s]);
     args32[s] = torch_args(opts32[s]);
   }
-  const auto monarch = [&](const strata::torch::MonarchArgs& a, at::Tensor& out) {
-    out = std::get<0>(strata::torch::monarch_attention_forward(q, k, v, a, /*save_state=*/false));
-  };
-  for (size_t s = 0; s < S; ++s)
-    fns.push_back({fmt::format("strata.monarch T={}", steps_list[s]), [&, s] { monarch(args[s], o[s]); }});
-  for (size_t s = 0; s < S; ++s)
-    fns.push_back(
-        {fmt::format("strata.monarch T={} compute=fp32", steps_list[s]), [&, s] { monarch(args32[s], o32[s]); }});
-  fns.push_back({"strata.flash", [&] { o_dense = std::get<0>(strata::torch::attention_forward(q, k, v, dense_args)); }});
-  fns.push_back({"torch.sdpa", [&] { o_sdpa = at::scaled_dot_product_attention(q, k, v); }});
+  const at::Tensor q0 = q.narrow(1, 0, 1), k0 = k.narrow(1, 0, 1), v0 = v.narrow(1, 0, 1);
 
-  // Errors against the double references (head 0), NaN above kRefMaxN.
-  std::vector<double> err(S, kNaN), err32(S, kNaN);
-  double err_dense = kNaN, err_sdpa = kNaN;
-  const auto monarch_err = [&](const MonarchOptions& mo, const at::Tensor& out) {
-    const at::Tensor q0 = q.narrow(1, 0, 1), k0 = k.narrow(1, 0, 1), v0 = v.narrow(1, 0, 1);
-    std::vector<double> ro(size_t(N * kHeadDim));
-    reference::monarch_attention_forward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), mo, ro.data());
-    return max_rel_err(head0_bshd(out), reference_tensor(ro, {1, N, 1, kHeadDim}));
-  };
-  const auto check_all = [&] {
-    if (!with_ref) return;
+  for (const bool backward : {false, true}) {
+    const bool with_ref = N <= (backward ? kRefBwdMaxN : kRefMaxN);
+    // outputs of the last timed call: o, or dq, dk, dv (the dense peers: o first, then the gradients)
+    std::vector<std::vector<at::Tensor>> out(S), out32(S);
+    std::vector<at::Tensor> states(S), states32(S);
+    std::vector<at::Tensor> out_dense, out_sdpa;
+    at::Tensor o_dense, lse_dense, qg, kg, vg, o_graph;
+    if (backward) {  // what the backward calls read: the forwards' outputs, states, SDPA's graph
+      std::tie(o_dense, lse_dense) = strata::torch::attention_forward(q, k, v, dense_args);
+      qg = q.detach().requires_grad_(true);
+      kg = k.detach().requires_grad_(true);
+      vg = v.detach().requires_grad_(true);
+      o_graph = at::scaled_dot_product_attention(qg, kg, vg);
+      for (size_t s = 0; s < S; ++s) {
+        if (steps_list[s] < 2) continue;
+        states[s] = std::get<1>(strata::torch::monarch_attention_forward(q, k, v, args[s]));
+        states32[s] = std::get<1>(strata::torch::monarch_attention_forward(q, k, v, args32[s]));
+      }
+    }
+    const auto monarch = [&](const strata::torch::MonarchArgs& a, const at::Tensor& state) {
+      if (!backward)
+        return std::vector<at::Tensor>{std::get<0>(strata::torch::monarch_attention_forward(q, k, v, a, false))};
+      const auto [dq, dk, dv] = strata::torch::monarch_attention_backward(q, k, v, state, dout, a);
+      return std::vector<at::Tensor>{dq, dk, dv};
+    };
+    std::vector<BenchMethod> fns;  // ours for each T, ours compute = fp32 for each T, strata.flash, torch.sdpa
+    for (size_t s = 0; s < S; ++s)
+      fns.push_back(
+          {fmt::format("strata.monarch T={}", steps_list[s]), [&, s] { out[s] = monarch(args[s], states[s]); }});
+    for (size_t s = 0; s < S; ++s)
+      fns.push_back({fmt::format("strata.monarch T={} compute=fp32", steps_list[s]),
+                     [&, s] { out32[s] = monarch(args32[s], states32[s]); }});
+    if (!backward) {
+      fns.push_back({"strata.flash", [&] {
+                       out_dense = {std::get<0>(strata::torch::attention_forward(q, k, v, dense_args))};
+                     }});
+      fns.push_back({"torch.sdpa", [&] { out_sdpa = {at::scaled_dot_product_attention(q, k, v)}; }});
+    } else {
+      fns.push_back({"strata.flash", [&] {
+                       const auto [a, b, c] =
+                           strata::torch::attention_backward(q, k, v, o_dense, lse_dense, dout, dense_args);
+                       out_dense = {o_dense, a, b, c};
+                     }});
+      fns.push_back({"torch.sdpa", [&] {
+                       const auto gr = ::torch::autograd::grad({o_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true);
+                       out_sdpa = {o_graph, gr[0], gr[1], gr[2]};
+                     }});
+    }
+
+    // Errors against the double references (head 0), NaN above the reference's limit.
+    std::vector<double> err(S, kNaN), err32(S, kNaN);
+    double err_dense = kNaN, err_sdpa = kNaN;
+    const auto monarch_err = [&](const MonarchOptions& mo, const std::vector<at::Tensor>& got) {
+      if (!backward) {
+        std::vector<double> ro(size_t(N * kHeadDim));
+        reference::monarch_attention_forward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), mo, ro.data());
+        return max_rel_err(head0_bshd(got[0]), reference_tensor(ro, {1, N, 1, kHeadDim}));
+      }
+      std::vector<double> r[3];
+      for (auto& x : r) x.resize(size_t(N * kHeadDim));
+      reference::monarch_attention_backward(tv(q0, "q"), tv(k0, "k"), tv(v0, "v"), tv(dout.narrow(1, 0, 1), "dout"), mo,
+                                            r[0].data(), r[1].data(), r[2].data());
+      double e = 0;
+      for (int i = 0; i < 3; ++i)
+        e = std::max(e, max_rel_err(head0_bshd(got[size_t(i)]), reference_tensor(r[i], {1, N, 1, kHeadDim})));
+      return e;
+    };
+    const auto dense_err = [&](const std::vector<at::Tensor>& got) {
+      std::vector<const at::Tensor*> ptrs;
+      for (const at::Tensor& t : got) ptrs.push_back(&t);
+      return dense_head0_ref_err(q, k, v, backward ? dout : at::Tensor(), false, ptrs);
+    };
+    const auto check_all = [&] {
+      if (!with_ref) return;
+      for (size_t s = 0; s < S; ++s) {
+        err[s] = monarch_err(opts[s], out[s]);
+        err32[s] = monarch_err(opts32[s], out32[s]);
+      }
+      err_dense = dense_err(out_dense);
+      err_sdpa = dense_err(out_sdpa);
+    };
+    const std::vector<std::string> out_names =
+        backward ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
+    const CorruptFn corrupt = [&](const std::string& name) {
+      const auto it = std::find(out_names.begin(), out_names.end(), name);
+      if (it == out_names.end()) return false;
+      for (size_t s = 0; s < S; ++s) perturb_for_test(out[s][size_t(it - out_names.begin())]);
+      return true;
+    };
+    const auto secs = run_timed_group(fns, plan, check_all, corrupt).secs;
+
+    const double tol = 2e-2;
+    const double mult = backward ? AttentionFlops::kBackwardFlops : 1.0;  // the dense convention, for both
     for (size_t s = 0; s < S; ++s) {
-      err[s] = monarch_err(opts[s], o[s]);
-      err32[s] = monarch_err(opts32[s], o32[s]);
+      const int64_t T = steps_list[s];
+      const double fwd = monarch_attention_flops(dims, opts[s]);
+      const double ideal = dense.forward / fwd;
+      const std::string peers[] = {fmt::format("strata.monarch T={} compute=fp32", T), "strata.flash", "torch.sdpa"};
+      const std::vector<double>* peer_secs[] = {&secs[S + s], &secs[2 * S], &secs[2 * S + 1]};
+      const double peer_err[] = {err32[s], err_dense, err_sdpa};
+      for (size_t p = 0; p < 3; ++p) {
+        BenchRow row;
+        row.case_name = backward ? "bwd" : "fwd";
+        row.method = "strata.monarch";
+        row.peer = peers[p];
+        row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
+        row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, g.block_size);
+        row.dtype = "bfloat16";
+        row.tolerance = tol;
+        row.checked_against = with_ref ? "strata::reference f64 (head 0)" : "unchecked (N above the reference's limit)";
+        row.ref_max_rel_err = err[s];
+        row.correct = with_ref ? err[s] < tol : true;
+        row.max_rel_err = peer_err[p];  // the peer's own error against its double reference
+        row.flops = mult * fwd;
+        row.peer_flops = p == 0 ? mult * fwd : (backward ? dense.backward : dense.forward);
+        set_row_times(row, secs[s], *peer_secs[p]);
+        row.extra = {{"compute", compute_name(engine)},
+                     {"block_size", g.block_size},
+                     {"num_blocks", g.num_blocks},
+                     {"ideal_mac_ratio", ideal},
+                     {"peer_ref64_max_rel_err", peer_err[p]}};
+        if (p > 0) row.extra["fraction_of_ideal"] = row.speedup.median / ideal;
+        rep.rows.push_back(std::move(row));
+        const double frac = rep.rows.back().speedup.median / ideal;
+        print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
+                             p == 0 ? std::string("same call, fp32 products")
+                                    : fmt::format("ideal {:.1f}x, {:.2f} of it", ideal, frac));
+      }
+      fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 "
+                 "{:.1e}, torch.sdpa bf16 {:.1e}\n",
+                 compute_name(engine), err[s], err32[s], err_dense, err_sdpa);
     }
-    err_dense = dense_head0_ref_err(q, k, v, at::Tensor(), false, {&o_dense});
-    err_sdpa = dense_head0_ref_err(q, k, v, at::Tensor(), false, {&o_sdpa});
-  };
-  const CorruptFn corrupt = [&](const std::string& name) {
-    if (name != "o") return false;
-    for (size_t s = 0; s < S; ++s) perturb_for_test(o[s]);
-    return true;
-  };
-  const auto secs = run_timed_group(fns, plan, check_all, corrupt).secs;
-
-  const double tol = 2e-2;
-  for (size_t s = 0; s < S; ++s) {
-    const int64_t T = steps_list[s];
-    const double fwd = monarch_attention_flops(dims, opts[s]);
-    const double ideal = dense.forward / fwd;
-    const std::string peers[] = {fmt::format("strata.monarch T={} compute=fp32", T), "strata.flash", "torch.sdpa"};
-    const std::vector<double>* peer_secs[] = {&secs[S + s], &secs[2 * S], &secs[2 * S + 1]};
-    const double peer_err[] = {err32[s], err_dense, err_sdpa};
-    for (size_t p = 0; p < 3; ++p) {
-      BenchRow row;
-      row.case_name = "fwd";
-      row.method = "strata.monarch";
-      row.peer = peers[p];
-      row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
-      row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, g.block_size);
-      row.dtype = "bfloat16";
-      row.tolerance = tol;
-      row.checked_against = with_ref ? "strata::reference f64 (head 0)" : "unchecked (N > 4096: no reference)";
-      row.ref_max_rel_err = err[s];
-      row.correct = with_ref ? err[s] < tol : true;
-      row.max_rel_err = peer_err[p];  // the peer's own error against its double reference
-      row.flops = fwd;
-      row.peer_flops = p == 0 ? fwd : dense.forward;
-      set_row_times(row, secs[s], *peer_secs[p]);
-      row.extra = {{"compute", compute_name(engine)},
-                   {"block_size", g.block_size},
-                   {"num_blocks", g.num_blocks},
-                   {"ideal_mac_ratio", ideal},
-                   {"peer_ref64_max_rel_err", peer_err[p]}};
-      if (p > 0) row.extra["fraction_of_ideal"] = row.speedup.median / ideal;
-      rep.rows.push_back(std::move(row));
-      print_peer_table_row(rep.rows.back(), rep.peak.all_gflops,
-                           p == 0 ? std::string("same call, fp32 products")
-                                  : fmt::format("ideal {:.1f}x, {:.2f} of it", ideal, rep.rows.back().speedup.median / ideal));
-    }
-    fmt::print("  compute {}; err vs double (head 0): ours {:.1e}, ours compute=fp32 {:.1e}, strata.flash bf16 {:.1e}, "
-               "torch.sdpa bf16 {:.1e}\n",
-               compute_name(engine), err[s], err32[s], err_dense, err_sdpa);
   }
 }
 
@@ -403,8 +458,8 @@ CLI::App* add_bench_monarch(CLI::App& bench, BenchMonarchOptions& o) {
       ->check(CLI::Range(1, 16));
   cmd->add_option("--heads", o.heads, "heads (default 12)")->check(CLI::Range(1, 1024));
   cmd->add_option("--dtype", o.dtype,
-                  "float32 (default: forward and backward) or bfloat16 (the forward with bf16 products, opt in,\n"
-                  "against itself in fp32 compute, strata.flash and SDPA in bf16)")
+                  "float32 (default: forward and backward) or bfloat16 (forward and backward with bf16 products,\n"
+                  "opt in, against themselves in fp32 compute, strata.flash and SDPA in bf16)")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   add_bench_output_options(cmd, o.json, o.csv, o.threads, o.reps, "group",
                            "timed rounds per group (ABBA order) after one warm-up (default 7, 5 with --quick,\n"
