@@ -67,7 +67,7 @@
 // 2^-17 x): one rounding there moved logits by 2^-9 of their scale and the gradients through the
 // saved state by 2% (T = 3, peaky softmaxes). Softmaxes, their statistics (cl) and every sum stay
 // fp32. Backward: the recomputed products that give R and L (S = A k^T, U = al q^T, and the R-step's
-// al and y) stay fp32, so R and L are those of fp32 compute; the gradient products (ten a step:
+// al and y) stay fp32, so R and L are those of fp32 compute; the gradient products (ten at the last step:
 // dL = y G^T, dy = L G, dq += du^T al (+ P^T dabar), dal = du q, dP = (sc dal) k^T + dy v^T,
 // dabar = ds' K, dk += ds'^T A + R^T (sc dal), dv += R^T dy) read their fp32 intermediates rounded
 // to bf16 once, as FlashAttention rounds P and dS: the gradients' error against the double
