@@ -84,6 +84,20 @@ strata::torch::MonarchArgs torch_args(const MonarchOptions& mo) {
   return a;
 }
 
+// A row of ours (T steps, block size B) against `peer`: its case, method, shape and dtype (the rest
+// is its group's).
+BenchRow monarch_row(bool backward, const std::string& peer, int64_t heads, int64_t N, int64_t T, int64_t B,
+                     const char* dtype) {
+  BenchRow row;
+  row.case_name = backward ? "bwd" : "fwd";
+  row.method = "strata.monarch";
+  row.peer = peer;
+  row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
+  row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, B);
+  row.dtype = dtype;
+  return row;
+}
+
 // One N: the forward group and the backward group (see the file comment).
 void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
            const TimingPlan& plan) {
@@ -243,13 +257,7 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
       const double flops = mult * fwd;
       const double ideal = dense.forward / fwd;
       for (size_t p = 0; p < 2; ++p) {
-        BenchRow row;
-        row.case_name = backward ? "bwd" : "fwd";
-        row.method = "strata.monarch";
-        row.peer = peers[p];
-        row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
-        row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, g.block_size);
-        row.dtype = "float32";
+        BenchRow row = monarch_row(backward, peers[p], heads, N, T, g.block_size, "float32");
         row.tolerance = kTolerance;
         row.checked_against = against[s];
         row.ref_max_rel_err = std::isnan(err_ref[s]) ? err_ops[s] : std::max(err_ops[s], err_ref[s]);
@@ -410,13 +418,7 @@ void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<in
       const std::vector<double>* peer_secs[] = {&secs[S + s], &secs[2 * S], &secs[2 * S + 1]};
       const double peer_err[] = {err32[s], err_dense, err_sdpa};
       for (size_t p = 0; p < 3; ++p) {
-        BenchRow row;
-        row.case_name = backward ? "bwd" : "fwd";
-        row.method = "strata.monarch";
-        row.peer = peers[p];
-        row.shape = {{"batch", 1}, {"heads", heads}, {"seq", N}, {"head_dim", kHeadDim}, {"steps", T}};
-        row.shape_label = fmt::format("H={} N={} T={} B={}", heads, N, T, g.block_size);
-        row.dtype = "bfloat16";
+        BenchRow row = monarch_row(backward, peers[p], heads, N, T, g.block_size, "bfloat16");
         row.tolerance = tol;
         row.checked_against = with_ref ? "strata::reference f64 (head 0)" : "unchecked (N above the reference's limit)";
         row.ref_max_rel_err = err[s];
