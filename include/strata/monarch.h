@@ -58,8 +58,8 @@
 // bf16 path is correct but not faster (bench monarch --dtype bfloat16, 12 heads, d = 64, 2
 // threads: 1.17x fp32 compute at N = 4096 T = 1 on AMX, 1.01x at T = 2, 0.79-0.89x at N = 1024;
 // 0.84-1.04x on an AMD EPYC's AVX512-BF16; its operands go through fp32 copies and the small
-// products do not hide the packing); the backward's runs 1.14-1.22x its fp32 compute on that EPYC
-// (N = 1024-16384, T = 1, 2).
+// products do not hide the packing); the backward's runs 1.15-1.42x its fp32 compute on that EPYC
+// (bench monarch --dtype bfloat16, N = 1024-16384, T = 1, 2; 0.87-0.89x at N = 256).
 // Forward: products of the inputs read them exactly (S = q k^T at step 1, the keys, values and
 // queries of every product); y = R v and o = L y read R, L and y rounded to bf16, as attention.h
 // rounds P. The operands that feed a logit, R and al (for the L logits q . al - cl), w L and abar

@@ -18,6 +18,12 @@ using cpu::strided;
 
 // Validates q, k, v, the options and the saved state (when given); fills the kernel params but o
 // and the gradients. Returns the call's sizes in *dims.
+// The engine of a call's products: resolve_compute's, except that auto keeps fp32 products (the
+// forward's bf16 path is not faster: strata/monarch.h); an explicit engine is checked and honoured.
+Compute resolve(const char* where, Compute want, bool bf16_inputs) {
+  return want == Compute::automatic ? Compute::fp32 : resolve_compute(where, want, bf16_inputs);
+}
+
 MonarchParams make_params(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& state, const MonarchOptions& opt, AttnDims* dims) {
   const Layout L = opt.layout;
@@ -28,6 +34,7 @@ MonarchParams make_params(const char* where, const TensorView& q, const TensorVi
 
   MonarchParams p;
   p.dtype = d.dtype;
+  p.bf16_gemms = cpu::bf16::engine(resolve(where, opt.compute, d.dtype == DType::bf16));
   p.batch = d.batch;
   p.seqlen = d.seqlen_q;
   p.heads_q = d.heads_q;
@@ -70,12 +77,6 @@ MonarchParams make_params(const char* where, const TensorView& q, const TensorVi
     if (state.numel() == 0) p.state = nullptr;
   }
   return p;
-}
-
-// The forward's engine: resolve_compute's, except that auto keeps fp32 products (the bf16 path is
-// not faster yet: strata/monarch.h); an explicit engine is checked and honoured.
-Compute resolve(const char* where, Compute want, bool bf16_inputs) {
-  return want == Compute::automatic ? Compute::fp32 : resolve_compute(where, want, bf16_inputs);
 }
 
 }  // namespace
@@ -143,7 +144,6 @@ void monarch_attention_forward(const TensorView& q, const TensorView& k, const T
   check_out(where, o, L, d);
   check_no_overlap(where, "o", o);
   p.o = strided(o, L);
-  p.bf16_gemms = cpu::bf16::engine(resolve(where, opt.compute, d.dtype == DType::bf16));
   STRATA_ACTIVE_KERNELS(kMonarchKernels).forward(p);
 }
 
@@ -159,7 +159,6 @@ void monarch_attention_backward(const TensorView& q, const TensorView& k, const 
   p.dq = strided(dq, L);
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
-  p.bf16_gemms = cpu::bf16::engine(resolve(where, opt.compute, d.dtype == DType::bf16));
   STRATA_ACTIVE_KERNELS(kMonarchKernels).backward(p);
 }
 
