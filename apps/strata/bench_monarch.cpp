@@ -98,6 +98,19 @@ BenchRow monarch_row(bool backward, const std::string& peer, int64_t heads, int6
   return row;
 }
 
+// The test hook over ours' outputs of the last timed call (per T: o, or dq, dk, dv): perturbs the
+// named one for every T (bench_harness.h's CorruptFn; false for a name ours does not output).
+CorruptFn corrupt_ours(bool backward, std::vector<std::vector<at::Tensor>>& outs) {
+  const std::vector<std::string> names =
+      backward ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
+  return [names, &outs](const std::string& name) {
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) return false;
+    for (auto& o : outs) perturb_for_test(o[size_t(it - names.begin())]);
+    return true;
+  };
+}
+
 // One N: the forward group and the backward group (see the file comment).
 void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t>& steps_list,
            const TimingPlan& plan) {
@@ -226,15 +239,7 @@ void run_n(BenchReport& rep, int64_t heads, int64_t N, const std::vector<int64_t
                        g_sdpa = ::torch::autograd::grad({o_graph}, {qg, kg, vg}, {dout}, /*retain_graph=*/true);
                      }});
     }
-    // The test hook perturbs the named output of ours for every T.
-    const std::vector<std::string> out_names =
-        backward ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
-    const CorruptFn corrupt = [&](const std::string& name) {
-      const auto it = std::find(out_names.begin(), out_names.end(), name);
-      if (it == out_names.end()) return false;
-      for (size_t s = 0; s < S; ++s) perturb_for_test(ours_out[s][size_t(it - out_names.begin())]);
-      return true;
-    };
+    const CorruptFn corrupt = corrupt_ours(backward, ours_out);
     std::vector<double> err_ops(S), err_ref(S);
     std::vector<std::string> against(S);
     std::vector<double> exact_err(S);
@@ -398,14 +403,7 @@ void run_n_bf16(BenchReport& rep, int64_t heads, int64_t N, const std::vector<in
       err_dense = dense_err(out_dense);
       err_sdpa = dense_err(out_sdpa);
     };
-    const std::vector<std::string> out_names =
-        backward ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
-    const CorruptFn corrupt = [&](const std::string& name) {
-      const auto it = std::find(out_names.begin(), out_names.end(), name);
-      if (it == out_names.end()) return false;
-      for (size_t s = 0; s < S; ++s) perturb_for_test(out[s][size_t(it - out_names.begin())]);
-      return true;
-    };
+    const CorruptFn corrupt = corrupt_ours(backward, out);
     const auto secs = run_timed_group(fns, plan, check_all, corrupt).secs;
 
     const double tol = 2e-2;
