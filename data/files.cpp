@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <fstream>
 #include <sstream>
@@ -87,6 +88,12 @@ void write_file_atomic(const std::string& path, const std::string& content, cons
 }
 
 std::string read_file(const std::string& path, const char* where) {
+  // A folder opens as an ifstream and reads as "" (a folder given as a config started a default
+  // run: issue 48 item 2), so the kind of file is checked first (stat follows symbolic links).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error(std::string(where) + ": cannot read '" + path + "': expected a regular file, got " +
+                (S_ISDIR(st.st_mode) ? "a folder" : "a special file (device, socket or pipe)"));
   std::ifstream f(path, std::ios::binary);
   STRATA_CHECK(f.good(), where, ": cannot read '", path, "': ", std::strerror(errno));
   std::ostringstream os;
@@ -109,6 +116,34 @@ std::string unwritable_reason(const std::string& path) {
   }
   if (!existed) std::remove(path.c_str());
   return "";
+}
+
+FolderLock::FolderLock(const std::string& folder, const char* where) {
+  if (const std::string why = make_folders(folder); !why.empty())
+    throw Error(std::string(where) + ": cannot create the folder '" + folder + "': " + why);
+  const std::string path = folder + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(std::string(where) + ": cannot open the lock file '" + path + "': " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error(std::string(where) + ": cannot lock '" + path + "': " + std::strerror(err));
+    std::string pid = n > 0 ? std::string(buf, size_t(n)) : std::string();
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    throw Error(std::string(where) + ": the folder '" + folder + "' is in use by another run (pid " +
+                (pid.empty() ? std::string("unknown") : pid) + ", holding " + path +
+                "): wait for it to end, or choose another folder");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  const bool written = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == ssize_t(pid.size());
+  (void)written;  // the pid only words a second run's error: the lock holds without it
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor of the open file releases the flock
 }
 
 }  // namespace strata::data

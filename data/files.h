@@ -21,7 +21,8 @@ bool is_folder(const std::string& path);
 // Creates `path` and its missing parents (mkdir -p). Returns "" or why it could not.
 std::string make_folders(const std::string& path);
 
-// The whole file as bytes. Throws strata::Error naming `where` and the path when it cannot be read.
+// The whole file as bytes. Throws strata::Error naming `where` and the path when it cannot be read
+// or is not a regular file (a folder, a device, a pipe).
 std::string read_file(const std::string& path, const char* where);
 
 // Why `path` cannot be written as a result file (its missing parent folders created, as the
@@ -29,5 +30,23 @@ std::string read_file(const std::string& path, const char* where);
 // opened for writing. An existing file is not changed; a file created by the probe is removed.
 // The CLI runs this on every output path before any work, so that a typo fails in a second.
 std::string unwritable_reason(const std::string& path);
+
+// An exclusive lock on a folder for the life of the object: flock(2) on FOLDER/.lock (created if
+// missing, with the folder), which holds the holder's pid. The kernel drops the lock when the
+// process ends, however it ends (kill -9 included), so a dead run never leaves a stale lock; a
+// later holder overwrites the pid. A trainer holds its run folder's for the whole run: two trainers
+// on one folder interleaved their train.csv / log.jsonl / checkpoints (issue 48 item 3).
+class FolderLock {
+ public:
+  // Throws strata::Error naming `where`, the folder and the holder's pid when another open of the
+  // lock (this process or another) holds it, or naming the reason when the lock file cannot be made.
+  FolderLock(const std::string& folder, const char* where);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 }  // namespace strata::data

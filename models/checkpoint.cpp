@@ -146,9 +146,11 @@ Checkpoint load_checkpoint(const std::string& path) {
                "': no such file or folder (expected a run folder or a checkpoint's .json)");
   std::string meta_path = path;
   if (data::is_folder(path)) {
-    meta_path = data::is_folder(path + "/checkpoints") ? path + "/checkpoints/latest.json" : path + "/latest.json";
+    // A run folder (its checkpoints/ inside) or its checkpoints folder itself (latest.json inside).
+    const std::string in_run = path + "/checkpoints/latest.json", here = path + "/latest.json";
+    meta_path = ::stat(here.c_str(), &info) == 0 && !data::is_folder(path + "/checkpoints") ? here : in_run;
     STRATA_CHECK(::stat(meta_path.c_str(), &info) == 0, "checkpoint '", path, "': no checkpoint in this folder (expected ",
-                 meta_path, ")");
+                 in_run, ", or ", here, " in a checkpoints folder)");
   }
   Checkpoint c;
   c.path = meta_path;

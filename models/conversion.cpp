@@ -37,7 +37,7 @@ std::string layers_label(const std::vector<int64_t>& layers) {
 void check_config(const char* where, const ConversionConfig& cfg) {
   const bool softmax_first =
       !cfg.methods.empty() && cfg.methods[0].spec == AttentionSpec{} && cfg.methods[0].layers.empty();
-  STRATA_CHECK_ARG(softmax_first, where, "methods",
+  STRATA_CHECK_ARG(softmax_first, where, cfg.methods_name.c_str(),
                    "a list that starts with plain \"softmax\" (the baseline every row is compared to)",
                    cfg.methods.empty() ? std::string("an empty list") : cfg.methods[0].label());
   STRATA_CHECK_ARG(cfg.sts_pairs == 0 || cfg.sts_pairs >= 2, where, "sts_pairs", "0 (all) or >= 2 (a Spearman)",
@@ -216,7 +216,7 @@ ConversionReport evaluate(const char* where, const ConversionConfig& cfg, Senten
   const BertConfig& mc = model.encoder.config();
   for (const ConversionMethod& m : cfg.methods)
     for (int64_t l : m.layers)
-      STRATA_CHECK_ARG(l < mc.layers, where, "methods",
+      STRATA_CHECK_ARG(l < mc.layers, where, cfg.methods_name.c_str(),
                        cat("layers in 0..", mc.layers - 1, " (the model's) in \"", m.label(), "\""), l);
   ConversionReport rep;
   rep.model_dir = model_dir;

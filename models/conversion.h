@@ -52,6 +52,9 @@ struct ConversionConfig {
   int64_t batch_size = 32;                // sentences per forward (of equal length)
   std::string sts_path, text_path;        // "": data/sts/sts-test.csv, data/text/tinyshakespeare.txt
                                           // of the shared data folder (data/shared_files.h)
+  // How the caller took `methods`, for its errors: the CLI's "--method" (a user never sees the
+  // field's name there).
+  std::string methods_name = "methods";
 };
 
 // One method's scores.

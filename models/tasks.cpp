@@ -49,10 +49,12 @@ DecoderConfig decoder_config(const TrainConfig& c) {
   return d;
 }
 
-// Initialises m on the CPU by the muP rules from `seed`, then moves it to `device`.
-void init_parameters(::torch::nn::Module& m, int64_t seed, const at::Device& device) {
-  at::Generator gen = at::detail::createCPUGenerator(uint64_t(seed));
-  strata::torch::mup_init_(m, gen);
+// Initialises m on the CPU by the rules of train.param (muP or PyTorch's own) from `seed`, then
+// moves it to `device`.
+void init_parameters(::torch::nn::Module& m, const TrainConfig& c, const at::Device& device) {
+  at::Generator gen = at::detail::createCPUGenerator(uint64_t(c.seed));
+  strata::torch::init_(m, c.train.param == "sp" ? strata::torch::Parameterization::sp : strata::torch::Parameterization::mup,
+                       gen);
   m.to(device);
 }
 
@@ -68,7 +70,7 @@ class CharLmTask final : public Task {
     d.vocab_size = data::CharCorpus::kVocab;
     d.context = c.data.context;
     model_ = build_model(c, [&] { return Decoder(d); });
-    init_parameters(*model_, c.seed, device_);
+    init_parameters(*model_, c, device_);
     STRATA_CHECK(int64_t(corpus_.val.size()) > c.data.context, "config: key 'data.context': ", c.data.context,
                  " is longer than the validation split of '", c.data.corpus, "' (", corpus_.val.size(), " characters)");
   }
@@ -129,7 +131,7 @@ class IcrTask final : public Task {
     d.output_dim = 1;
     d.context = data::icr_max_tokens(opt_);
     model_ = build_model(c, [&] { return Decoder(d); });
-    init_parameters(*model_, c.seed, device_);
+    init_parameters(*model_, c, device_);
   }
   ::torch::nn::Module& model() override { return *model_; }
 
@@ -201,7 +203,7 @@ class EttTask final : public Task {
     f.dropout = c.model.dropout;
     f.attention = c.model.attention;
     model_ = build_model(c, [&] { return Forecaster(f); });
-    init_parameters(*model_, c.seed, device_);
+    init_parameters(*model_, c, device_);
   }
   ::torch::nn::Module& model() override { return *model_; }
 

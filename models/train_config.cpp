@@ -3,12 +3,12 @@
 
 #include <toml++/toml.h>
 
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <variant>
 
+#include "data/files.h"
 #include "strata/error.h"
 
 namespace strata::models {
@@ -109,7 +109,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.min_lr_ratio", &t.min_lr_ratio,
        [](const TrainConfig& x) { return x.train.min_lr_ratio >= 0 && x.train.min_lr_ratio <= 1 ? "" : "a number in [0, 1]"; }},
       {"train.clip", &t.clip, [](const TrainConfig& x) { return x.train.clip >= 0 ? "" : "a number >= 0 (0 = no clipping)"; }},
-      {"train.mup", &t.mup, nullptr},
+      {"train.param", &t.param, [](const TrainConfig& x) { return one_of(x.train.param, {"mup", "sp"}); }},
       {"train.base_width", &t.base_width, [](const TrainConfig& x) { return x.train.base_width > 0 ? "" : "a number > 0"; }},
       {"train.weight_decay", &t.weight_decay, [](const TrainConfig& x) { return x.train.weight_decay >= 0 ? "" : "a number >= 0"; }},
       {"train.beta1", &t.beta1, [](const TrainConfig& x) { return x.train.beta1 >= 0 && x.train.beta1 < 1 ? "" : "a number in [0, 1)"; }},
@@ -243,6 +243,20 @@ void apply_set(toml::table& root, const std::string& set, const std::string& ori
   t->insert_or_assign(key.substr(begin), *parsed.get("v"));
 }
 
+// Keys of earlier versions, as the current ones (a saved run's config.toml stays readable):
+// train.mup = true | false is train.param = "mup" | "sp".
+void upgrade_legacy_keys(toml::table& root, const std::string& origin) {
+  toml::table* train = root.get("train") ? root.get("train")->as_table() : nullptr;
+  if (!train || !train->get("mup")) return;
+  const toml::node& old = *train->get("mup");
+  if (!old.is_boolean()) fail(origin, "train.mup", std::string("expected true or false, got ") + type_name(old));
+  const std::string param = old.as_boolean()->get() ? "mup" : "sp";
+  if (const toml::node* p = train->get("param"); p && (!p->is_string() || p->as_string()->get() != param))
+    fail(origin, "train.mup", "the old form of train.param; both are given and disagree");
+  train->erase("mup");
+  train->insert_or_assign("param", param);
+}
+
 }  // namespace
 
 TrainConfig parse_train_config(const std::string& text, const std::string& origin, const std::string& size,
@@ -275,6 +289,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& origi
   }
   for (const auto& set : sets) apply_set(root, set, origin);
 
+  upgrade_legacy_keys(root, origin);
   TrainConfig c;
   c.size = size;
   auto fs = fields(c);
@@ -288,6 +303,11 @@ TrainConfig parse_train_config(const std::string& text, const std::string& origi
     if (it == by_key.end()) fail(origin, key, "unknown key (" + known_keys_of(fs, key) + ")");
     assign(*it->second, *node, origin);
   }
+  // Every key has a default but the task: a config without one (an empty file) is a mistake, not
+  // a request for a default run. (After the unknown keys: a misspelt section is the better message.)
+  if (!root.get("task"))
+    fail(origin, "task", "missing: a run config names its task (\"charlm\" | \"icr\" | \"ett\"); the file has " +
+                             std::to_string(root.size()) + " top-level keys");
   for (const auto& f : fs) {
     if (!f.check) continue;
     const std::string why = f.check(c);
@@ -300,11 +320,8 @@ TrainConfig parse_train_config(const std::string& text, const std::string& origi
 }
 
 TrainConfig load_train_config(const std::string& path, const std::string& size, const std::vector<std::string>& sets) {
-  std::ifstream f(path, std::ios::binary);
-  STRATA_CHECK(f.good(), "config '", path, "': cannot be read (no such file?)");
-  std::ostringstream text;
-  text << f.rdbuf();
-  return parse_train_config(text.str(), path, size, sets);
+  const std::string where = "config '" + path + "'";
+  return parse_train_config(data::read_file(path, where.c_str()), path, size, sets);
 }
 
 std::string to_toml(const TrainConfig& c0) {

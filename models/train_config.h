@@ -52,8 +52,11 @@ struct TrainLoopConfig {
   std::string schedule = "constant";            // "constant" | "cosine" (to min_lr_ratio * lr at the last step)
   double min_lr_ratio = 0.1;
   double clip = 0;                              // max global gradient norm; 0 = no clipping
-  bool mup = true;                              // muP per-parameter LRs (lr * base_width / fan_in for matrices)
-  double base_width = 768, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-20;
+  // "mup": muP init and per-parameter lrs (lr * base_width / fan_in for the width-fed matrices;
+  // strata/torch/mup.h); "sp": the standard parameterisation, PyTorch's own init and lr for every
+  // parameter. (The old key train.mup = true | false is read as "mup" | "sp".)
+  std::string param = "mup";
+  double base_width = 128, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-20;
   int64_t eval_every = 100, eval_batches = 8;   // eval_batches: batches of `batch` per evaluation (0 = the whole split)
   int64_t log_every = 10, checkpoint_every = 100, keep_checkpoints = 2;
   int64_t threads = 0;                          // 0 = the machine's cores

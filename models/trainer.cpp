@@ -36,7 +36,7 @@ void configure_threads(int64_t threads) {
 }
 
 // The optimizer: one AdamW group per muP group (lr base_lr * base_width / fan_in for matrices), or
-// every group at base_lr with train.mup = false. Returns it with each group's base lr.
+// every group at base_lr with train.param = "sp". Returns it with each group's base lr.
 std::pair<std::unique_ptr<::torch::optim::AdamW>, std::vector<double>> make_optimizer(::torch::nn::Module& model,
                                                                                       const TrainLoopConfig& t) {
   strata::torch::MupOptions mo;
@@ -48,7 +48,7 @@ std::pair<std::unique_ptr<::torch::optim::AdamW>, std::vector<double>> make_opti
   std::vector<::torch::optim::OptimizerParamGroup> groups;
   std::vector<double> base_lrs;
   for (const auto& g : strata::torch::mup_param_groups(model, t.lr, mo)) {
-    const double lr = t.mup ? g.lr : t.lr;
+    const double lr = t.param == "mup" ? g.lr : t.lr;
     auto o = std::make_unique<::torch::optim::AdamWOptions>(lr);
     o->betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(g.weight_decay);
     groups.emplace_back(g.params, std::move(o));
@@ -219,6 +219,7 @@ double lr_factor(const TrainLoopConfig& t, int64_t step) {
 
 RunSummary train(const TrainConfig& c, const RunOptions& opt) {
   STRATA_CHECK(!opt.run_dir.empty(), "train: argument 'run_dir': expected a folder, got an empty path");
+  const data::FolderLock lock(opt.run_dir, "train");  // for the whole run, before any file is read or written
   configure_threads(c.train.threads);
   at::manual_seed(uint64_t(c.seed));  // dropout's draws; restored from the checkpoint on resume
   auto task = make_task(c);

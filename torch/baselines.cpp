@@ -106,6 +106,8 @@ at::Tensor performer_omega(int64_t head_dim, int64_t num_features, std::optional
   const char* where = "performer_omega";
   STRATA_CHECK_ARG(head_dim >= 1, where, "head_dim", ">= 1", head_dim);
   STRATA_CHECK_ARG(num_features >= 1, where, "num_features", ">= 1", num_features);
+  binding::check_fits_in_memory(where, "num_features", {head_dim, num_features}, sizeof(double),
+                                "the random features (head_dim x num_features float64)", num_features);
   const auto opt = at::TensorOptions().dtype(at::kDouble).device(at::kCPU);
   if (!seed.has_value()) return at::randn({head_dim, num_features}, opt);
   STRATA_CHECK_ARG(*seed >= 0, where, "seed", ">= 0", *seed);
@@ -120,6 +122,11 @@ at::Tensor performer_attention(const at::Tensor& q, const at::Tensor& k, const a
   STRATA_CHECK_ARG(num_features >= 1, where, "num_features", ">= 1", num_features);
   STRATA_CHECK_ARG(!seed.has_value() || *seed >= 0, where, "seed", ">= 0 (or None)", seed.value_or(0));
   const Prepared p = prepare(where, q, k, v, key_padding_mask, scale, layout);
+  // (2^40 features ended in the allocator's error: issue 48 item 5)
+  binding::check_fits_in_memory(where, "num_features", {2, p.b, p.h, p.n, num_features},
+                                int64_t(q.element_size()),
+                                "the feature maps phi(q), phi(k) (2 x batch x heads x seq x num_features)",
+                                num_features);
   const double c = std::sqrt(p.scale);                 // x.y = scale * q.k
   // D x r, through the dispatcher: an opaque node under torch.compile
   const at::Tensor omega = op_calls::performer_omega(p.d, num_features, seed).to(q.options());

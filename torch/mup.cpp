@@ -32,6 +32,8 @@ const char* mup_kind_name(MupKind k) {
       return "bias";
     case MupKind::Embedding:
       return "embedding";
+    case MupKind::Input:
+      return "input";
   }
   return "?";
 }
@@ -43,6 +45,7 @@ double MupRole::resolved_std() const {
     case MupKind::StructuredCore:
       return init_std > 0 ? init_std : 1.0 / std::sqrt(double(fan_in));
     case MupKind::Embedding:
+    case MupKind::Input:
       return init_std > 0 ? init_std : 0.02;
     default:
       return 0.0;
@@ -93,8 +96,12 @@ std::vector<MupParam> mup_params(const ::torch::nn::Module& model) {
       STRATA_CHECK_ARG(named.contains(full), where, "model",
                        cat("mup_roles() of module '", prefix, "' to name parameters of its subtree"),
                        cat("'", rel, "', which is none"));
-      STRATA_CHECK_ARG(!role.is_matrix() || role.fan_in >= 1, where, "model",
+      STRATA_CHECK_ARG((!role.is_matrix() && role.kind != MupKind::Input) || role.fan_in >= 1, where, "model",
                        cat("a fan_in >= 1 in the role of '", full, "'"), role.fan_in);
+      // (std 0 means the rule's; a negative or NaN std was silently replaced by it: issue 48 item 4)
+      STRATA_CHECK_ARG(role.init_std == 0 || (std::isfinite(role.init_std) && role.init_std > 0), where, "model",
+                       cat("an init_std of 0 (the rule's) or a finite number > 0 in the role of '", full, "'"),
+                       role.init_std);
       declared.emplace(full, role);
     }
   }
@@ -131,6 +138,37 @@ void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
         mp.param.normal_(0.0, mp.role.resolved_std(), gen);
     }
   }
+}
+
+void sp_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
+  ::torch::NoGradGuard no_grad;
+  for (MupParam& mp : mup_params(model)) {
+    const double bound = 1.0 / std::sqrt(double(mp.role.fan_in));
+    switch (mp.role.kind) {
+      case MupKind::Hidden:
+      case MupKind::Output:
+      case MupKind::Input:
+        mp.param.uniform_(-bound, bound, gen);
+        break;
+      case MupKind::StructuredCore:
+        mp.param.normal_(0.0, mp.role.resolved_std(), gen);
+        break;
+      case MupKind::Embedding:
+        mp.param.normal_(0.0, 1.0, gen);
+        break;
+      case MupKind::Gain:
+        mp.param.fill_(1.0);
+        break;
+      case MupKind::Bias:
+        mp.param.zero_();
+        break;
+    }
+  }
+}
+
+void init_(::torch::nn::Module& model, Parameterization p, std::optional<at::Generator> gen) {
+  if (p == Parameterization::sp) sp_init_(model, gen);
+  else mup_init_(model, gen);
 }
 
 std::vector<MupParamGroup> mup_param_groups(const ::torch::nn::Module& model, double base_lr, const MupOptions& opt) {

@@ -113,17 +113,21 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // The allowed (query, key) pairs (strata/attention.h, "Mask"): batch|1 x 1 x seq_q x seq_k. The
   // positions only when a causal or window mask needs them (two kernels less per plain call).
   // A square causal-only call builds no mask at all (SDPA's is_causal, below).
-  const bool causal_only = a.causal && d.seqlen_q == d.seqlen_k && a.window_left < 0 && a.window_right < 0 &&
+  // Windows as the kernels take them: p - window_left / p + window_right overflow for a window near
+  // 2^63 (a user's "no bound"); strata::effective_window makes such a window unbounded.
+  const int64_t window_left = effective_window(a.window_left, d.seqlen_q, d.seqlen_k);
+  const int64_t window_right = effective_window(a.window_right, d.seqlen_q, d.seqlen_k);
+  const bool causal_only = a.causal && d.seqlen_q == d.seqlen_k && window_left < 0 && window_right < 0 &&
                            opt.key_padding_mask.data == nullptr && opt.bias.data == nullptr;
-  const bool positional = !causal_only && (a.causal || a.window_left >= 0 || a.window_right >= 0);
+  const bool positional = !causal_only && (a.causal || window_left >= 0 || window_right >= 0);
   const auto [p, j] = positional ? positions(d.seqlen_q, d.seqlen_k, dev) : std::pair<at::Tensor, at::Tensor>{};
   at::Tensor allowed;
   const auto restrict_to = [&](const at::Tensor& m) { allowed = allowed.defined() ? allowed.bitwise_and(m) : m; };
   if (a.causal && !causal_only) restrict_to(j.le(p));
-  if (a.window_left >= 0 || a.window_right >= 0) {
+  if (window_left >= 0 || window_right >= 0) {
     at::Tensor win = at::ones({d.seqlen_q, d.seqlen_k}, at::TensorOptions().dtype(at::kBool).device(dev));
-    if (a.window_left >= 0) win = win.bitwise_and(j.ge(p - a.window_left));
-    if (a.window_right >= 0) win = win.bitwise_and(j.le(p + a.window_right));
+    if (window_left >= 0) win = win.bitwise_and(j.ge(p - window_left));
+    if (window_right >= 0) win = win.bitwise_and(j.le(p + window_right));
     if (a.num_global > 0)  // global tokens waive the window (causal still applies)
       win = win.bitwise_or(j.lt(a.num_global)).bitwise_or(p.ge(0).bitwise_and(p.lt(a.num_global)));
     restrict_to(win);

@@ -153,7 +153,14 @@ int run_convert(const ConvertOptions& o) {
   cfg.methods = o.quick ? models::quick_conversion_methods() : models::default_conversion_methods();
   if (!o.methods.empty()) {
     cfg.methods.clear();
-    for (const auto& m : o.methods) cfg.methods.push_back(models::parse_conversion_method(m));
+    cfg.methods_name = "--method";
+    for (const auto& m : o.methods) {
+      try {
+        cfg.methods.push_back(models::parse_conversion_method(m));
+      } catch (const Error& e) {
+        throw Error("strata convert: argument '--method' (\"" + m + "\"): " + e.what());
+      }
+    }
   }
   if (o.quick) {
     cfg.sts_pairs = 300;

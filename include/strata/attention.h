@@ -60,10 +60,13 @@
 //             bound) and overflow near |lse| ~ 4e8; gradient error grows about like 1e-7 |lse|.
 //             And the gradient sums: 2^13 * seqlen_q * (2 * scale * G * max |q, k| + max |dout|)
 //             < FLT_MAX, G = max_i ||dout_i|| * max_j ||v_j||.
-// Beyond: a logit that overflows to +inf makes its row NaN (as SDPA); a row whose every allowed
-// logit overflows to -inf counts as a row with no key (zeros, lse = -inf). Not guarded: a guard
-// needs a pass over q and k (as costly as decoding itself) or a test in every kernel's inner
-// loop, and fp32 logits cannot hold the answer anyway. Tests: tests/cpp/core_nonfinite_test.cpp.
+// Beyond: a strata::Error naming 'q' (or 'dout' for the gradient sums), never a silent NaN. The
+// calls check what they wrote: the forward one pass over lse (a logit past fp32's range makes its
+// row's lse NaN or infinite), the backward one over dq, dk, dv (1 / (3 seq) of its FLOPs); only when
+// an output is not finite do they read q, k (and the rest) again, and raise when those are finite
+// and past the bound's sufficient form |scale| max_i ||q_i|| max_j ||k_j|| + max |bias| (an lse of
+// -inf within it is a row with no allowed key). Non-finite inputs keep the IEEE rule above. Tests:
+// tests/cpp/core_nonfinite_test.cpp.
 //
 // Cost: 4 * B * H * Nq * Nk * D FLOPs forward (half that for causal), ~2.5x that backward.
 // With a left window (window_left >= 0) and no global tokens only the keys some query can reach
@@ -101,6 +104,12 @@ struct AttentionOptions {
 // scale finite (or NaN), windows >= -1, num_global >= 0, key_padding_mask [batch, seq_k] uint8,
 // bias broadcastable to [batch, d.heads(), seq_q, seq_k] of float32 or q's dtype.
 void validate(const char* where, const AttentionOptions& opt, const AttnDims& d);
+
+// The window bound w (window_left or window_right, >= -1) as the kernels take it: -1 when w
+// reaches every key of a seqlen_q x seqlen_k call (w >= seqlen_q + seqlen_k: every |p - j| is
+// below that), else w. A user may pass any int64 (2^63 - 1 for "no bound"): the kernels add w to
+// positions, which would overflow int64 past this point.
+int64_t effective_window(int64_t w, int64_t seqlen_q, int64_t seqlen_k);
 
 // FLOPs of one call under the project's convention (FlashAttention's; docs/methods.md):
 // forward 2 * batch * H * seqlen_q * seqlen_k * (head_dim + head_dim_v) (QK^T and P V), H = d.heads(),

@@ -89,4 +89,13 @@ void check_key_padding_mask(const char* where, const TensorView& m, int64_t batc
 // True when an optional tensor argument was given (data or dims set).
 inline bool given(const TensorView& t) { return t.data != nullptr || t.ndim != 0; }
 
+// ---- Value scans (the finite-input bound of strata/attention.h) -----------------------------
+// One pass each over a float32 or bfloat16 view of any rank and strides (other dtypes: an error).
+// Whether every element is finite.
+bool all_finite(const TensorView& t);
+// The largest Euclidean norm of t's rows along its last dim (in double; 0 for an empty view).
+double max_row_norm(const TensorView& t);
+// The largest |x| over t's finite elements (0 when it has none).
+double max_finite_abs(const TensorView& t);
+
 }  // namespace strata

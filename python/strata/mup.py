@@ -2,7 +2,9 @@
 section 3.5; the reference code's ``src/muP.py``). The same rules as the C++ ``strata/torch/mup.h``.
 
 Every trainable parameter has a ROLE (:class:`MupRole`), which gives its init and its Adam
-learning rate (``eta`` = the base learning rate, ``base_width`` = 768):
+learning rate (``eta`` = the base learning rate; ``base_width`` = 128, the width at which muP's
+rates equal one lr for every matrix: the reference's 768 gave a 64-wide model 12x eta on every
+matrix, and such models did not learn):
 
 =================  ======================================  =========================
 role               init                                    lr
@@ -14,7 +16,13 @@ structured_core    N(0, std^2), std 1/sqrt(fan_in) unless  eta * base_width / fa
 gain               1 (LayerNorm weights)                   eta
 bias               0                                       eta
 embedding          N(0, 0.02^2)                            eta
+input(fan_in)      N(0, 0.02^2) (a read-in from data       eta (its fan_in is the data's
+                   features: the reference's ICR read-in)  width, not the model's)
 =================  ======================================  =========================
+
+:func:`sp_init_` is the standard parameterisation beside it: PyTorch's own init per role (every
+matrix but a structured core as ``nn.Linear``, U(+-1/sqrt(fan_in)); embeddings as ``nn.Embedding``,
+N(0, 1); gains 1, biases 0; structured cores as muP), trained with one learning rate.
 
 The optimizer is AdamW with betas (0.9, 0.95), eps 1e-20 (sic, the reference's) and weight decay
 0 (when given, it applies to parameters of >= 2 dims, as in the reference).
@@ -50,13 +58,14 @@ __all__ = [
     "MupRole",
     "mup_params",
     "mup_init_",
+    "sp_init_",
     "mup_param_groups",
     "mup_adamw",
     "rms_cap",
     "rms_cap_sigma",
 ]
 
-_KINDS = ("hidden", "output", "structured_core", "gain", "bias", "embedding")
+_KINDS = ("hidden", "output", "structured_core", "gain", "bias", "embedding", "input")
 _MATRIX_KINDS = ("hidden", "output", "structured_core")
 
 
@@ -73,7 +82,10 @@ class MupRole:
         if self.kind not in _KINDS:
             _check.fail("MupRole", "kind", f"one of {', '.join(_KINDS)}", repr(self.kind))
         _check.integer(self.fan_in, "MupRole", "fan_in", minimum=1)
-        _check.real(self.init_std, "MupRole", "init_std")
+        std = _check.real(self.init_std, "MupRole", "init_std")
+        # 0 means the rule's std; a negative or NaN one was silently replaced by it (issue 48 item 4)
+        if not (std == 0 or (math.isfinite(std) and std > 0)):
+            _check.fail("MupRole", "init_std", "0 (the rule's std) or a finite number > 0", repr(self.init_std))
 
     @staticmethod
     def hidden(fan_in: int) -> "MupRole":
@@ -99,6 +111,10 @@ class MupRole:
     def embedding(std: float = 0.02) -> "MupRole":
         return MupRole("embedding", 1, std)
 
+    @staticmethod
+    def input(fan_in: int, std: float = 0.02) -> "MupRole":
+        return MupRole("input", fan_in, std)
+
     @property
     def is_matrix(self) -> bool:
         return self.kind in _MATRIX_KINDS
@@ -109,11 +125,11 @@ class MupRole:
             return 1.0 / math.sqrt(self.fan_in)
         if self.kind == "structured_core":
             return self.init_std if self.init_std > 0 else 1.0 / math.sqrt(self.fan_in)
-        if self.kind == "embedding":
+        if self.kind in ("embedding", "input"):
             return self.init_std if self.init_std > 0 else 0.02
         return 0.0
 
-    def lr(self, base_lr: float, base_width: float = 768) -> float:
+    def lr(self, base_lr: float, base_width: float = 128) -> float:
         """base_lr * base_width / fan_in for the matrix roles, base_lr otherwise."""
         return base_lr * base_width / self.fan_in if self.is_matrix else base_lr
 
@@ -185,7 +201,26 @@ def mup_init_(model: torch.nn.Module, generator: Optional[torch.Generator] = Non
     return model
 
 
-def mup_param_groups(model: torch.nn.Module, base_lr: float, *, base_width: float = 768,
+@torch.no_grad()
+def sp_init_(model: torch.nn.Module, generator: Optional[torch.Generator] = None) -> torch.nn.Module:
+    """The standard parameterisation's init, by role (the module docstring); in place; returns
+    model. Train it with one learning rate (e.g. ``torch.optim.AdamW(model.parameters(), lr)``)."""
+    for _, p, role in mup_params(model):
+        if role.kind in ("hidden", "output", "input"):
+            bound = 1.0 / math.sqrt(role.fan_in)
+            p.uniform_(-bound, bound, generator=generator)
+        elif role.kind == "structured_core":
+            p.normal_(0.0, role.resolved_std(), generator=generator)
+        elif role.kind == "embedding":
+            p.normal_(0.0, 1.0, generator=generator)
+        elif role.kind == "gain":
+            p.fill_(1.0)
+        else:
+            p.zero_()
+    return model
+
+
+def mup_param_groups(model: torch.nn.Module, base_lr: float, *, base_width: float = 128,
                      weight_decay: float = 0.0) -> List[dict]:
     """The optimizer parameter groups of model for base learning rate ``base_lr`` (eta): one per
     distinct (lr, weight_decay), in order of first appearance, each
@@ -211,7 +246,7 @@ def mup_param_groups(model: torch.nn.Module, base_lr: float, *, base_width: floa
     return list(groups.values())
 
 
-def mup_adamw(model: torch.nn.Module, base_lr: float, *, base_width: float = 768, weight_decay: float = 0.0,
+def mup_adamw(model: torch.nn.Module, base_lr: float, *, base_width: float = 128, weight_decay: float = 0.0,
               betas: Tuple[float, float] = (0.9, 0.95), eps: float = 1e-20) -> torch.optim.AdamW:
     """AdamW over :func:`mup_param_groups` with the reference's betas and eps (torch's default
     weight decay of 1e-2 is not used: every group carries its own, 0 by default)."""

@@ -1,7 +1,10 @@
 // src/core/checks.cpp: the shared argument checks (strata/checks.h).
 #include "strata/checks.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -148,6 +151,83 @@ void check_key_padding_mask(const char* where, const TensorView& m, int64_t batc
                    detail::cat("shape [", batch, ", ", seq, "] (batch, seq_k)"), m.shape_str());
   STRATA_CHECK_ARG(m.dtype == DType::u8, where, "key_padding_mask", "dtype uint8 (bool)", dtype_name(m.dtype));
   STRATA_CHECK_ARG(m.data != nullptr || m.numel() == 0, where, "key_padding_mask", "a non-null data pointer", "null");
+}
+
+namespace {
+
+// Calls f(row, n, step) for every row along the last dim of a float32 / bf16 view: `row` points at
+// its first element, n elements `step` apart. f returns false to stop early.
+template <class F>
+void for_each_row(const char* where, const TensorView& t, const F& f) {
+  STRATA_CHECK_ARG(t.dtype == DType::f32 || t.dtype == DType::bf16, where, "t", "dtype float32 or bfloat16",
+                   dtype_name(t.dtype));
+  if (t.ndim == 0 || t.numel() == 0) return;
+  const int last = t.ndim - 1;
+  const int64_t esize = dtype_size(t.dtype);
+  int64_t rows = 1;
+  for (int i = 0; i < last; ++i) rows *= t.shape[i];
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t off = 0, rest = r;
+    for (int i = last - 1; i >= 0; --i) {
+      off += (rest % t.shape[i]) * t.stride[i];
+      rest /= t.shape[i];
+    }
+    if (!f(static_cast<const char*>(t.data) + off * esize, t.shape[last], t.stride[last])) return;
+  }
+}
+
+float value_at(const char* row, int64_t i, int64_t step, bool bf16) {
+  if (bf16) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i * step, 2);
+    return bf16_to_f32(h);
+  }
+  float x;
+  std::memcpy(&x, row + 4 * i * step, 4);
+  return x;
+}
+
+}  // namespace
+
+bool all_finite(const TensorView& t) {
+  const bool bf16 = t.dtype == DType::bf16;
+  bool ok = true;
+  for_each_row("all_finite", t, [&](const char* row, int64_t n, int64_t step) {
+    // (no early exit inside a row: the loop stays branch-free for the compiler to vectorise)
+    bool row_ok = true;
+    for (int64_t i = 0; i < n; ++i) row_ok &= std::isfinite(value_at(row, i, step, bf16));
+    ok = row_ok;
+    return ok;
+  });
+  return ok;
+}
+
+double max_row_norm(const TensorView& t) {
+  const bool bf16 = t.dtype == DType::bf16;
+  double best = 0;
+  for_each_row("max_row_norm", t, [&](const char* row, int64_t n, int64_t step) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = value_at(row, i, step, bf16);
+      s += x * x;
+    }
+    best = std::max(best, std::sqrt(s));
+    return true;
+  });
+  return best;
+}
+
+double max_finite_abs(const TensorView& t) {
+  const bool bf16 = t.dtype == DType::bf16;
+  double best = 0;
+  for_each_row("max_finite_abs", t, [&](const char* row, int64_t n, int64_t step) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = std::fabs(double(value_at(row, i, step, bf16)));
+      if (std::isfinite(x)) best = std::max(best, x);
+    }
+    return true;
+  });
+  return best;
 }
 
 }  // namespace strata

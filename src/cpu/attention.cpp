@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,8 +40,9 @@ void validate(const char* where, const AttentionOptions& opt, const AttnDims& d)
   // reach stay below that. A left window without global tokens bounds the reach (the kernels then
   // run on the keys some query reaches: first_reachable_key), so windowed attention over longer
   // sequences runs.
-  const bool windowed = opt.window_left >= 0 && opt.num_global == 0;
-  const int64_t reach = windowed ? std::min(d.seqlen_k, d.seqlen_q + opt.window_left) : d.seqlen_k;
+  const int64_t window_left = effective_window(opt.window_left, d.seqlen_q, d.seqlen_k);
+  const bool windowed = window_left >= 0 && opt.num_global == 0;
+  const int64_t reach = windowed ? std::min(d.seqlen_k, d.seqlen_q + window_left) : d.seqlen_k;
   check_positions(where, d.seqlen_q, reach, " (keys within the queries' reach: window_left bounds it)");
   check_key_padding_mask(where, opt.key_padding_mask, d.batch, d.seqlen_k);
   const TensorView& bias = opt.bias;
@@ -59,6 +61,10 @@ void validate(const char* where, const AttentionOptions& opt, const AttnDims& d)
                      dtype_name(bias.dtype));
     STRATA_CHECK_ARG(bias.data != nullptr || bias.numel() == 0, where, "bias", "a non-null data pointer", "null");
   }
+}
+
+int64_t effective_window(int64_t w, int64_t seqlen_q, int64_t seqlen_k) {
+  return w >= 0 && w - seqlen_q >= seqlen_k ? -1 : w;  // (w - seqlen_q: no sum to overflow)
 }
 
 namespace {
@@ -89,8 +95,8 @@ DenseAttnParams make_params(const char* where, const TensorView& q, const Tensor
   cpu::fill_io(p, d, q, k, v, o, lse, L);
   p.scale = std::isnan(opt.scale) ? float(1.0 / std::sqrt(double(d.head_dim))) : opt.scale;
   p.causal = opt.causal;
-  p.window_left = opt.window_left;
-  p.window_right = opt.window_right;
+  p.window_left = effective_window(opt.window_left, d.seqlen_q, d.seqlen_k);
+  p.window_right = effective_window(opt.window_right, d.seqlen_q, d.seqlen_k);
   p.num_global = opt.num_global;
   p.bf16_gemms = forward_bf16_gemms(where, d, opt);
 
@@ -183,11 +189,64 @@ Compute attention_compute(const AttnDims& d, const AttentionOptions& opt) {
   return g == &cpu::bf16::kAmxBf16 ? Compute::amx_bf16 : Compute::avx512_bf16;
 }
 
+namespace {
+
+// ---- The finite-input bound (strata/attention.h) ---------------------------------------------
+// Finite inputs beyond it gave NaN (or a row of zeros) with no error (issue 48 item 6). The calls
+// now check their outputs, which costs one pass over lse (forward) or over dq, dk, dv (backward:
+// 1 / (3 seq) of its FLOPs), and read q and k again only when an output is not finite.
+constexpr double kLog2e = 1.4426950408889634;
+
+// The bound's sufficient form: |logit_ij| <= |scale| max ||q_i|| max ||k_j|| + max |bias| (Cauchy-
+// Schwarz bounds sum_d |q_id k_jd| by ||q_i|| ||k_j||).
+double logit_bound(const TensorView& q, const TensorView& k, const AttentionOptions& opt, float scale) {
+  const double bias = given(opt.bias) ? max_finite_abs(opt.bias) : 0.0;
+  return std::fabs(double(scale)) * max_row_norm(q) * max_row_norm(k) + bias;
+}
+
+[[noreturn]] void throw_bound(const char* where, double logit, double limit, const char* which) {
+  throw Error(detail::cat(where, ": argument 'q': expected q and k within the ", which,
+                          "'s finite-input bound (strata/attention.h: |scale * q_i . k_j| + |bias| < ", limit,
+                          "), got finite inputs whose logits reach ", logit,
+                          " (|scale| max ||q_i|| max ||k_j|| + max |bias|): fp32 logits overflow, the outputs were not "
+                          "finite; scale q or k down"));
+}
+
+// After a forward: a NaN or infinite lse from finite q and k is the bound exceeded (an lse of -inf
+// is also a row with no allowed key, which the bound's sufficient form tells apart).
+void check_forward_bound(const char* where, const TensorView& q, const TensorView& k, const TensorView& lse,
+                         const AttentionOptions& opt, float scale) {
+  if (all_finite(lse) || !all_finite(q) || !all_finite(k)) return;  // (non-finite inputs: IEEE, documented)
+  const double logit = logit_bound(q, k, opt, scale);
+  if (kLog2e * logit >= double(std::numeric_limits<float>::max()))
+    throw_bound(where, logit, double(std::numeric_limits<float>::max()) / kLog2e, "forward");
+}
+
+// After a backward: non-finite gradients from finite inputs.
+void check_backward_bound(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& o, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                          const TensorView& dv, const AttentionOptions& opt, float scale) {
+  if (all_finite(dq) && all_finite(dk) && all_finite(dv)) return;
+  for (const TensorView* t : {&q, &k, &v, &o, &dout})
+    if (!all_finite(*t)) return;
+  const double logit = logit_bound(q, k, opt, scale), limit = double(int64_t(1) << 26);
+  if (logit >= limit) throw_bound(where, logit, limit, "backward");
+  throw Error(detail::cat(where, ": argument 'dout': expected dout, q, k and v within the backward's finite-input "
+                          "bound on its gradient sums (strata/attention.h), got finite inputs whose gradients overflow "
+                          "float32 (max |dout| = ", max_finite_abs(dout), ", max |v| = ", max_finite_abs(v),
+                          "); scale them down"));
+}
+
+}  // namespace
+
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& o, const TensorView& lse, const AttentionOptions& opt) {
-  DenseAttnParams p = make_params("attention_forward", q, k, v, o, lse, opt);
+  const char* where = "attention_forward";
+  DenseAttnParams p = make_params(where, q, k, v, o, lse, opt);
+  const float scale = p.scale;
   drop_leading_keys(p, first_reachable_key(p), /*backward=*/false);
   run_forward(p);
+  check_forward_bound(where, q, k, lse, opt, scale);
 }
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -202,8 +261,10 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const int64_t k0 = first_reachable_key(p);
   zero_leading_positions(dk, L, k0);  // keys no query reaches get no gradient
   zero_leading_positions(dv, L, k0);
+  const float scale = p.scale;
   drop_leading_keys(p, k0, /*backward=*/true);
   run_backward(p);
+  check_backward_bound(where, q, k, v, o, dout, dq, dk, dv, opt, scale);
 }
 
 AttentionFlops attention_flops(const AttnDims& d, bool causal) {

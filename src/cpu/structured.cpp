@@ -112,19 +112,50 @@ const char* stage_kind_name(StageKind k) {
 
 // ---- Specs ------------------------------------------------------------------------------------
 
+// The largest width (2^31) and factor storage (2^36 entries in all: a 256 GiB fp32 operator, past
+// any machine this runs on) validate accepts. Every count derived from a spec then fits int64 with
+// room to spare (chunk_at's k * n < 2^62; params, storage, FLOPs, workspaces): a hand-built inner
+// width of 2^61 had wrapped params() to 0 (issue 48 item 4).
+constexpr int64_t kMaxStructuredWidth = int64_t(1) << 31;
+constexpr int64_t kMaxStructuredSize = int64_t(1) << 36;
+
+// a * b for a named constructor's sizes (each >= 1), or strata::Error naming arg when the product
+// overflows int64 (validate then bounds what fits).
+int64_t checked_mul(const char* where, const char* arg, int64_t a, int64_t b) {
+  int64_t r = 0;
+  STRATA_CHECK_ARG(!__builtin_mul_overflow(a, b, &r), where, arg, "sizes whose product fits int64",
+                   detail::cat(a, " x ", b));
+  return r;
+}
+
+// Entries of a stage's storage {blocks or 1, rows, cols} as an unbounded integer (no wrap).
+unsigned __int128 stage_storage(const StructuredStage& s, int64_t a, int64_t b) {
+  if (s.kind == StageKind::identity) return 0;
+  const auto p = (unsigned __int128)(s.kind == StageKind::shared ? 1 : s.blocks);
+  return p * (unsigned __int128)max_chunk(a, s.blocks) * (unsigned __int128)max_chunk(b, s.blocks);
+}
+
 void validate(const char* where, const StructuredSpec& spec) {
-  STRATA_CHECK_ARG(spec.in >= 1, where, "spec.in", "a width >= 1", spec.in);
-  STRATA_CHECK_ARG(spec.out >= 1, where, "spec.out", "a width >= 1", spec.out);
+  const std::string width_bound = detail::cat("a width in 1..2^31 = ", kMaxStructuredWidth);
+  STRATA_CHECK_ARG(spec.in >= 1 && spec.in <= kMaxStructuredWidth, where, "spec.in", width_bound, spec.in);
+  STRATA_CHECK_ARG(spec.out >= 1 && spec.out <= kMaxStructuredWidth, where, "spec.out", width_bound, spec.out);
   STRATA_CHECK_ARG(!spec.levels.empty() && spec.levels.size() <= 64, where, "spec.levels", "1..64 levels",
                    spec.levels.size());
+  unsigned __int128 storage = 0;
   for (int l = 0; l < int(spec.levels.size()); ++l) {
     const StructuredLevel& lv = spec.levels[size_t(l)];
-    STRATA_CHECK_ARG(lv.inner >= 1, where, field(l, "inner").c_str(), "a width >= 1", lv.inner);
+    STRATA_CHECK_ARG(lv.inner >= 1 && lv.inner <= kMaxStructuredWidth, where, field(l, "inner").c_str(), width_bound,
+                     lv.inner);
     STRATA_CHECK_ARG(std::isfinite(lv.alpha), where, field(l, "alpha").c_str(), "a finite number", lv.alpha);
     check_stage(where, lv.right, spec.in, lv.inner, field(l, "right"));
     check_stage(where, lv.left, lv.inner, spec.out, field(l, "left"));
     check_perm(where, lv.inner_perm, lv.inner, field(l, "inner_perm"));
     check_perm(where, lv.out_perm, spec.out, field(l, "out_perm"));
+    storage += stage_storage(lv.right, spec.in, lv.inner) + stage_storage(lv.left, spec.out, lv.inner);
+    STRATA_CHECK_ARG(storage <= (unsigned __int128)kMaxStructuredSize, where, field(l, "inner").c_str(),
+                     detail::cat("factors of at most 2^36 = ", kMaxStructuredSize, " entries in all (levels 0..", l,
+                                 ")"),
+                     detail::cat("widths in ", spec.in, ", inner ", lv.inner, ", out ", spec.out));
   }
 }
 
@@ -158,7 +189,7 @@ StructuredSpec mlr_spec(int64_t dim, const std::vector<int64_t>& ranks, std::vec
     STRATA_CHECK_ARG(blocks[l] >= 1 && blocks[l] <= dim, where, detail::cat("blocks[", l, "]").c_str(),
                      detail::cat("1..dim = ", dim), blocks[l]);
     const int64_t p = blocks[l];
-    s.levels.push_back({ranks[l] * p, {StageKind::blocks, p}, {StageKind::blocks, p}, {}, {}, 1.0});
+    s.levels.push_back({checked_mul(where, "ranks", ranks[l], p), {StageKind::blocks, p}, {StageKind::blocks, p}, {}, {}, 1.0});
   }
   validate(where, s);
   return s;
@@ -193,12 +224,15 @@ StructuredSpec btt_spec(const BttShape& t, int64_t rank, int64_t heads) {
                    detail::cat("(", t.a, ", ", t.b, ", ", t.c, ", ", t.d, ")"));
   STRATA_CHECK_ARG(rank >= 1, where, "rank", ">= 1", rank);
   STRATA_CHECK_ARG(heads >= 1, where, "heads", ">= 1", heads);
-  const int64_t hb = heads * t.b, s = rank;
-  StructuredSpec spec{"btt", t.c * t.d, heads * t.a * t.b, {}};
+  const int64_t hb = checked_mul(where, "heads", heads, t.b), s = rank;
+  StructuredSpec spec{"btt", checked_mul(where, "shape", t.c, t.d), checked_mul(where, "heads", hb, t.a), {}};
   StructuredLevel lv;
-  lv.inner = t.c * hb * s;  // right stage output (i_c, h b + j_b, sigma)
+  lv.inner = checked_mul(where, "rank", checked_mul(where, "shape", t.c, hb), s);  // right stage output (i_c, h b + j_b, sigma)
   lv.right = {StageKind::blocks, t.c};
   lv.left = {StageKind::blocks, hb};
+  spec.levels.push_back(lv);
+  validate(where, spec);  // the sizes, before the permutations are allocated
+  spec.levels.clear();
   // left input (h b + j_b, i_c, sigma) takes right output (i_c, h b + j_b, sigma)
   lv.inner_perm.resize(size_t(lv.inner));
   for (int64_t jb = 0; jb < hb; ++jb)
@@ -223,8 +257,10 @@ StructuredSpec monarch_spec(int64_t n, int64_t blocks) {
                    detail::cat("a divisor of n = ", n), blocks);
   const int64_t m = n / blocks;
   StructuredSpec s{"monarch", n, n, {}};
-  s.levels.push_back({n, {StageKind::blocks, blocks}, {StageKind::blocks, m}, reshape_transpose(blocks, m),
-                      reshape_transpose(m, blocks), 1.0});
+  s.levels.push_back({n, {StageKind::blocks, blocks}, {StageKind::blocks, m}, {}, {}, 1.0});
+  validate(where, s);  // the sizes, before the permutations are allocated
+  s.levels.back().inner_perm = reshape_transpose(blocks, m);
+  s.levels.back().out_perm = reshape_transpose(m, blocks);
   validate(where, s);
   return s;
 }
@@ -233,11 +269,14 @@ StructuredSpec kronecker_spec(int64_t a_out, int64_t a_in, int64_t b_out, int64_
   const char* where = "kronecker_spec";
   STRATA_CHECK_ARG(a_out >= 1 && a_in >= 1, where, "a", "a_out, a_in >= 1", detail::cat(a_out, " x ", a_in));
   STRATA_CHECK_ARG(b_out >= 1 && b_in >= 1, where, "b", "b_out, b_in >= 1", detail::cat(b_out, " x ", b_in));
-  StructuredSpec s{"kronecker", a_in * b_in, a_out * b_out, {}};
+  StructuredSpec s{"kronecker", checked_mul(where, "a_in", a_in, b_in), checked_mul(where, "a_out", a_out, b_out), {}};
   // right: a_in chunks (b_in -> b_out) sharing B; inner (i, p) -> (p, i); left: b_out chunks
   // (a_in -> a_out) sharing A; output (p, o) -> (o, p).
-  s.levels.push_back({a_in * b_out, {StageKind::shared, a_in}, {StageKind::shared, b_out},
-                      reshape_transpose(a_in, b_out), reshape_transpose(b_out, a_out), 1.0});
+  const int64_t inner = checked_mul(where, "b_out", a_in, b_out);
+  s.levels.push_back({inner, {StageKind::shared, a_in}, {StageKind::shared, b_out}, {}, {}, 1.0});
+  validate(where, s);  // the sizes, before the permutations are allocated
+  s.levels.back().inner_perm = reshape_transpose(a_in, b_out);
+  s.levels.back().out_perm = reshape_transpose(b_out, a_out);
   validate(where, s);
   return s;
 }

@@ -49,4 +49,37 @@ expect_error "attention spec" "$STRATA" train "$SRC/configs/charlm.toml" --size 
 expect_error "no such file or folder" "$STRATA" eval "$OUT/nothing"
 mkdir -p "$OUT/empty"
 expect_error "no checkpoint" "$STRATA" eval "$OUT/empty"
+# --resume on a folder without checkpoints names the file a run folder would hold (issue 48 item 5)
+expect_error "$OUT/empty/checkpoints/latest.json" "$STRATA" train "$SRC/configs/charlm.toml" --size smoke \
+  --out "$OUT/empty" --resume --no-progress
+
+# A folder or an empty file as the config is an error in a second, not a default run (issue 48
+# item 2): the folder's error names the path and what it is; the empty file's names the key 'task'.
+expect_error "'$SRC/configs': expected a regular file, got a folder" "$STRATA" train "$SRC/configs" --out "$OUT/e" --no-progress
+: > "$OUT/empty.toml"
+expect_error "key 'task': missing" "$STRATA" train "$OUT/empty.toml" --out "$OUT/e" --no-progress
+[ ! -e "$OUT/e/train.csv" ] || fail "a config without a task started a run"
+
+# Two trainers on one run folder (issue 48 item 3): the second, started while the first trains, is
+# an error naming the first's pid, and neither a fresh run nor --resume touches the first's files.
+"$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set train.steps=100000 --set train.threads=1 \
+  --out "$OUT/f" --no-progress >/dev/null 2>&1 &
+PID=$!
+for _ in $(seq 1 2400); do
+  [ -f "$OUT/f/checkpoints/latest.json" ] && break
+  sleep 0.05
+done
+[ -f "$OUT/f/checkpoints/latest.json" ] || { kill -9 "$PID"; fail "the first trainer wrote no checkpoint"; }
+expect_error "in use by another run (pid $PID" "$STRATA" train "$SRC/configs/charlm.toml" --size smoke \
+  --set train.steps=100000 --set train.threads=1 --out "$OUT/f" --resume --no-progress
+expect_error "in use by another run (pid $PID" "$STRATA" train "$SRC/configs/charlm.toml" --size smoke \
+  --set train.steps=100000 --set train.threads=1 --out "$OUT/f" --no-progress
+kill -9 "$PID" 2>/dev/null || true
+wait "$PID" 2>/dev/null || true
+# The steps of train.csv are one increasing run; the kernel dropped the lock with the killed
+# process, so --resume continues the folder.
+tail -n +2 "$OUT/f/train.csv" | cut -d, -f1 | awk 'NR > 1 && $1 != prev + 1 { bad = 1 } { prev = $1 } END { exit bad }' \
+  || fail "train.csv of the locked folder has steps out of order"
+"$STRATA" train "$SRC/configs/charlm.toml" --size smoke --set train.steps=100000 --set train.threads=1 \
+  --out "$OUT/f" --resume --no-progress --stop-after 1 >/dev/null || fail "--resume after the holder died failed"
 echo "train_cli: ok"

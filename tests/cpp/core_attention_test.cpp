@@ -236,7 +236,10 @@ std::vector<Case> shared_query_cases() {
 
 std::vector<Case> mask_cases() {
   std::vector<Case> v;
-  const std::pair<int64_t, int64_t> windows[] = {{-1, -1}, {8, 0}, {5, 3}, {0, 0}, {-1, 4}};
+  // INT64_MAX (- 7): a user's "no bound" (issue 48 item 1: p + w overflowed, a segfault);
+  // effective_window makes it unbounded, as the reference reads it.
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  const std::pair<int64_t, int64_t> windows[] = {{-1, -1}, {8, 0}, {5, 3}, {0, 0}, {-1, 4}, {0, kHuge}, {kHuge - 7, 2}};
   for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {37, 97}, {97, 37}})
     for (bool causal : {false, true})
       for (auto [wl, wr] : windows)

@@ -305,6 +305,26 @@ TEST(Models, GradientsOfEveryCausalKindMatchFiniteDifferences) {
   }
 }
 
+// The paths the shipped configs take (issue 45 item 3): the char-LM config has QK-LayerNorm off,
+// where a block with >= 16 tokens runs the fused LayerNorm + packed q/k/v projection (ln_linear,
+// attention_qkvpacked / mlr_attention_qkvpacked) and the fused MLP block; ICR has it on. Every
+// combination of QK-LayerNorm and fused, for the dense and the MLR layers, at 16 tokens (packed)
+// and 7 (unpacked), against finite differences.
+TEST(Models, GradientsThroughTheConfigsPathsMatchFiniteDifferences) {
+  for (const std::string s : {"mha", "mlr:ranks=4|4,avg=1"})
+    for (bool qk_ln : {false, true})
+      for (bool fused : {false, true})
+        for (int64_t T : {int64_t(8), int64_t(7)}) {
+          sm::DecoderConfig c = lm_config(s);
+          c.qk_layernorm = qk_ln;
+          c.fused = fused;
+          sm::Decoder lm(c);
+          randomize(*lm, 27);
+          check_gradients(lm, lm_ids(2, T, 28),
+                          "decoder " + s + (qk_ln ? " qk_ln" : "") + (fused ? " fused" : "") + " T=" + std::to_string(T));
+        }
+}
+
 TEST(Models, GradientsOfEveryEncoderKindMatchFiniteDifferences) {
   for (const std::string& s : kEncoderSpecs) {
     sm::ForecasterConfig c = fc_config("patch", s);
@@ -450,13 +470,27 @@ TEST(Models, MupRolesAndInit) {
   EXPECT_NEAR(lm->pos_emb->weight.std().item<double>(), 0.02, 0.02 * 0.08);
   EXPECT_NEAR(lm->block(0).attn->q_proj->weight.std().item<double>(), 1.0 / 8, 0.125 * 0.05);
   EXPECT_EQ(by_name.at("tok_emb.weight").role.kind, st::MupKind::Embedding);
-  // Learning rates: matrices base * 768 / fan_in, the rest base.
-  const auto groups = st::mup_param_groups(*lm, 1e-3);
-  for (const auto& g : groups)
-    for (const auto& n : g.names) {
-      const st::MupRole& r = by_name.at(n).role;
-      EXPECT_DOUBLE_EQ(g.lr, r.is_matrix() ? 1e-3 * 768 / double(r.fan_in) : 1e-3) << n;
-    }
+  // Learning rates from the reference's table (src/muP.py: lr * base / fan_in for q/k/v, MLP-in,
+  // both out-projections and the LM head; lr for embeddings, LayerNorms and biases), written out
+  // for width 64 (MLP hidden 256) at strata's default base width 128 and eta = 1e-3: the numbers
+  // are the table's, not the code's roles read back (a wrong role fails here).
+  EXPECT_EQ(st::MupOptions().base_width, 128.0);
+  std::map<std::string, double> lr_of;
+  for (const auto& g : st::mup_param_groups(*lm, 1e-3))
+    for (const auto& n : g.names) lr_of[n] = g.lr;
+  const std::map<std::string, double> reference_lr = {
+      {"tok_emb.weight", 1e-3},                     {"pos_emb.weight", 1e-3},
+      {"blocks.0.ln1.weight", 1e-3},                {"blocks.0.ln1.bias", 1e-3},
+      {"blocks.0.attn.q_proj.weight", 2e-3},        {"blocks.0.attn.k_proj.weight", 2e-3},
+      {"blocks.0.attn.v_proj.weight", 2e-3},        {"blocks.0.attn.out_proj.weight", 2e-3},
+      {"blocks.0.attn.q_norm_weight", 1e-3},        {"blocks.0.mlp.fc.weight", 2e-3},
+      {"blocks.0.mlp.proj.weight", 1e-3 * 128 / 256}, {"blocks.0.mlp.fc.bias", 1e-3},
+      {"ln_f.weight", 1e-3},                        {"head.weight", 2e-3},
+  };
+  for (const auto& [name, lr] : reference_lr) {
+    ASSERT_TRUE(lr_of.count(name)) << name;
+    EXPECT_DOUBLE_EQ(lr_of.at(name), lr) << name;
+  }
   sm::Forecaster f(fc_config("patch", "mha|monarch"));
   EXPECT_EQ(st::mup_params(*f).size(), f->parameters().size());
   EXPECT_EQ(f->head->weight.abs().max().item<double>(), 0.0);
@@ -492,8 +526,17 @@ TEST(Models, RegressionReadInAndReadOutRoles) {
   sm::Decoder reg(c);
   std::map<std::string, st::MupParam> by_name;
   for (const st::MupParam& p : st::mup_params(*reg)) by_name.emplace(p.name, p);
-  EXPECT_EQ(by_name.at("read_in.weight").role.kind, st::MupKind::Hidden);
+  // The reference's read-in (src/muP.py "_read_in.weight": fan_in 1, std 0.02): lr eta whatever
+  // the data's width, init N(0, 0.02^2) under muP. (It was a hidden matrix: N(0, 1/d) at
+  // eta * 768 / d, and ICR did not learn: issue 45.)
+  EXPECT_EQ(by_name.at("read_in.weight").role.kind, st::MupKind::Input);
   EXPECT_EQ(by_name.at("read_in.weight").role.fan_in, 5);
+  EXPECT_DOUBLE_EQ(by_name.at("read_in.weight").role.resolved_std(), 0.02);
+  std::map<std::string, double> lr_of;
+  for (const auto& g : st::mup_param_groups(*reg, 1e-3))
+    for (const auto& n : g.names) lr_of[n] = g.lr;
+  EXPECT_DOUBLE_EQ(lr_of.at("read_in.weight"), 1e-3);
+  EXPECT_DOUBLE_EQ(lr_of.at("head.weight"), 1e-3 * 128 / 16);  // the read-out: an output matrix of fan_in = width
   EXPECT_EQ(by_name.at("head.weight").role.kind, st::MupKind::Output);
   EXPECT_EQ(reg->head->weight.sizes(), (std::vector<int64_t>{1, 16}));
   EXPECT_EQ(reg->head->weight.abs().max().item<double>(), 0.0);

@@ -184,6 +184,14 @@ std::vector<AttnCase> attention_cases() {
       {"window", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.window_left = 3, a.window_right = 2; }},
       {"causal window", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.causal = true, a.window_left = 2; }},
       {"window 0 0", [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.window_left = 0, a.window_right = 0; }},
+      // Issue 48 item 1: windows near 2^63 (a user's "no bound") overflowed p + w: a crash in the
+      // kernel, a mask of no key in the torch-op path. Both now read them as unbounded.
+      {"window 0 2^63-1",
+       [](st::AttentionArgs& a, int64_t, int64_t, int64_t) { a.window_left = 0, a.window_right = INT64_MAX; }},
+      {"causal window 2^63-1 globals",
+       [](st::AttentionArgs& a, int64_t, int64_t, int64_t) {
+         a.causal = true, a.window_left = INT64_MAX - 7, a.window_right = INT64_MAX, a.num_global = 1;
+       }},
       {"globals", [](st::AttentionArgs& a, int64_t, int64_t,
                      int64_t) { a.window_left = 1, a.window_right = 1, a.num_global = 2; }},
       {"causal globals",

@@ -97,6 +97,33 @@ TEST(TrainConfig, DefaultsSizesAndSets) {
   EXPECT_DOUBLE_EQ(q.train.lr, 1.0);  // an integer for a number
 }
 
+// train.param (issue 45): "mup" (the default) or "sp"; the old boolean train.mup still reads (a
+// saved run's config.toml), as "mup" / "sp"; the base width defaults to 128.
+TEST(TrainConfig, ParameterisationAndTheOldMupKey) {
+  const TrainConfig c = parse_train_config(kConfig, "t.toml");
+  EXPECT_EQ(c.train.param, "mup");
+  EXPECT_DOUBLE_EQ(c.train.base_width, 128.0);
+  EXPECT_EQ(parse_train_config(kConfig, "t.toml", "", {"train.param=sp"}).train.param, "sp");
+  EXPECT_EQ(parse_train_config(kConfig, "t.toml", "", {"train.mup=false"}).train.param, "sp");
+  EXPECT_EQ(parse_train_config(kConfig, "t.toml", "", {"train.mup=true"}).train.param, "mup");
+  expect_error([] { parse_train_config(kConfig, "t.toml", "", {"train.param=mu"}); }, {"key 'train.param'", "\"sp\""});
+  expect_error([] { parse_train_config(kConfig, "t.toml", "", {"train.mup=true", "train.param=sp"}); },
+               {"key 'train.mup'", "disagree"});
+  expect_error([] { parse_train_config(kConfig, "t.toml", "", {"train.mup=1"}); }, {"key 'train.mup'"});
+}
+
+// A config with no task is an error naming the key, never a default run (issue 48 item 2); a
+// folder or a device as the config path is an error naming the path.
+TEST(TrainConfig, NoTaskOrNotAFileIsAnError) {
+  expect_error([] { parse_train_config("", "empty.toml"); }, {"empty.toml", "key 'task': missing"});
+  expect_error([] { parse_train_config("[model]\nwidth = 32\n", "t.toml"); }, {"key 'task': missing"});
+  EXPECT_EQ(parse_train_config("", "e.toml", "", {"task=\"icr\""}).task, "icr");  // --set may give it
+  expect_error([] { load_train_config(std::string(STRATA_SOURCE_DIR) + "/configs", "", {}); },
+               {"/configs'", "expected a regular file, got a folder"});
+  expect_error([] { load_train_config("/dev/null", "", {}); }, {"/dev/null", "special file"});
+  expect_error([] { load_train_config("/nonexistent/x.toml", "", {}); }, {"/nonexistent/x.toml", "cannot read"});
+}
+
 TEST(TrainConfig, ResolvedTomlRoundTrips) {
   TrainConfig c = parse_train_config(kConfig, "t.toml", "smoke", {"train.eps=1e-20", "train.min_lr_ratio=0.1"});
   const TrainConfig back = parse_train_config(to_toml(c), "resolved");
@@ -124,7 +151,7 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   expect_error([] { parse_train_config("name = \n", "bad.toml"); }, {"bad.toml", "not valid TOML", "line 1"});
   expect_error([] { parse_train_config(kConfig, "t.toml", "", {"steps"}); }, {"--set 'steps'", "key=value"});
   expect_error([] { parse_train_config("[modle]\nwidth = 3\n", "t.toml"); }, {"key 'modle.width'", "no such section"});
-  expect_error([] { load_train_config("/nonexistent/x.toml"); }, {"/nonexistent/x.toml", "cannot be read"});
+  expect_error([] { load_train_config("/nonexistent/x.toml"); }, {"/nonexistent/x.toml", "cannot read"});
   for (const char* bad : {"train.device=gpu", "train.device=cuda:", "train.device=cuda:x", "train.device=CPU"})
     expect_error([&] { parse_train_config(kConfig, "t.toml", "", {bad}); },
                  {"key 'train.device'", "\"cpu\" | \"cuda\" | \"cuda:N\""});
@@ -239,11 +266,14 @@ RunOptions quiet(const std::string& dir) {
 // Each experiment's smoke size runs: finite losses, the loss going down, the evaluation metrics
 // finite, a checkpoint that evaluates to the same metrics.
 TEST(Trainer, SmokeSizeOfEveryConfigTrains) {
-  // For the loss to go down in 8 steps: etth1 at a larger lr than its 1e-4. icr cannot: its zero
+  // For the loss to go down in 8 steps: etth1 at a larger lr than its 1e-4 and batch 16 (its
+  // smoke batch of 4 windows scatters the loss by 2x from step to step: seen 0.39-0.94 under the
+  // sp init). icr cannot: its zero
   // read-out starts AT the trivial predictor (y = 0), which no model beats without first learning
-  // in-context regression (thousands of steps); its rows must stay finite and near that value.
+  // in-context regression (hundreds of steps): its rows must be finite here, and Learning.Icr*
+  // below is the test that it learns.
   const std::vector<std::tuple<const char*, std::vector<std::string>, bool>> runs = {
-      {"charlm.toml", {}, true}, {"icr.toml", {}, false}, {"etth1.toml", {"train.lr=3e-3"}, true}};
+      {"charlm.toml", {}, true}, {"icr.toml", {}, false}, {"etth1.toml", {"train.lr=3e-3", "train.batch=16"}, true}};
   for (const auto& [file, extra, decreases] : runs) {
     SCOPED_TRACE(file);
     TempDir dir;
@@ -258,8 +288,9 @@ TEST(Trainer, SmokeSizeOfEveryConfigTrains) {
     // Mean of the last 3 below the first: 8 steps move charlm's and etth1's loss down by far more
     // than their batch-to-batch noise (seen: 4.56 -> 3.9 nats/char, 0.66 -> 0.45 MSE).
     const double late = (loss_of(rows[5]) + loss_of(rows[6]) + loss_of(rows[7])) / 3;
-    if (decreases) EXPECT_LT(late, loss_of(rows[0]));
-    else EXPECT_LT(late, 10.0);  // E[y^2] = 1 per prompt; batches of 4 prompts scatter by a few x
+    if (decreases) {
+      EXPECT_LT(late, loss_of(rows[0]));
+    }
     ASSERT_FALSE(s.last_eval.empty());
     for (const auto& [k, v] : s.last_eval.items()) EXPECT_TRUE(std::isfinite(v.get<double>())) << k;
     EXPECT_TRUE(exists(dir.path() + "/summary.json"));
@@ -334,6 +365,23 @@ TEST(Trainer, NeverOverwritesAndRefusesAnotherConfig) {
   RunOptions nothing = quiet(fresh.path());
   nothing.resume = true;
   expect_error([&] { train(c, nothing); }, {fresh.path(), "no checkpoint"});
+}
+
+// Two trainers on one run folder (issue 48 item 3): the folder's lock is held for the whole run;
+// a second holder (another process, or another open in this one) is an error naming the first's
+// pid, and the lock goes with its holder (the CLI test kills one with -9: tests/cli/train_cli.sh).
+TEST(Trainer, OneTrainerPerRunFolder) {
+  TempDir dir;
+  {
+    const data::FolderLock first(dir.path(), "train");
+    expect_error([&] { data::FolderLock second(dir.path(), "train"); },
+                 {"train: the folder '" + dir.path() + "' is in use by another run (pid " + std::to_string(::getpid()),
+                  dir.path() + "/.lock"});
+    const TrainConfig c = load_train_config(config_path("charlm.toml"), "smoke", {"train.threads=1"});
+    expect_error([&] { train(c, quiet(dir.path())); }, {"in use by another run"});
+    EXPECT_FALSE(exists(dir.path() + "/train.csv"));  // refused before any file was written
+  }
+  const data::FolderLock again(dir.path(), "train");  // released with its holder
 }
 
 TEST(Trainer, BadConfigsNameTheKey) {

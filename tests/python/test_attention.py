@@ -293,6 +293,53 @@ def test_window_over_a_huge_expanded_key_tensor_needs_only_the_window():
     assert rel_err(lse, want_lse) <= FP32_FLOOR
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("huge", [2**63 - 1, 2**63 - 8, 2**62, 12])
+def test_a_window_past_every_key_is_unbounded(causal, huge):
+    """Issue 48 item 1: window=(0, 2**63 - 1) was a segmentation fault (pos + window_right overflowed
+    int64 in the kernels; the torch-op path's mask wrapped to 'no key'). A window reaching every key
+    (>= seq_q + seq_k) is the unbounded one: equal to -1 on that side, forward and backward, in the
+    kernels and the float64 reference (tests/cpp/torch_ops_test.cpp: the ATen path). Run in a child
+    process: a crash fails the test instead of ending pytest."""
+    code = f"""
+import torch, strata
+g = torch.Generator().manual_seed(3)
+q, k, v = (torch.randn(2, n, 3, 8, generator=g, requires_grad=True) for n in (5, 7, 7))
+for w in [(0, {huge}), ({huge}, 0), ({huge}, {huge})]:
+    want = tuple(-1 if x >= 12 else x for x in w)
+    for dt in [torch.float32, torch.float64]:  # the kernels, the double reference
+        qq, kk, vv = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
+        a = strata.attention(qq, kk, vv, causal={causal}, window=w)
+        b = strata.attention(qq, kk, vv, causal={causal}, window=want)
+        assert torch.isfinite(a).all(), (w, dt)
+        assert torch.equal(a, b), (w, dt)
+        ga = torch.autograd.grad(a.sum(), (qq, kk, vv))
+        gb = torch.autograd.grad(b.sum(), (qq, kk, vv))
+        assert all(torch.equal(x, y) for x, y in zip(ga, gb)), (w, dt)
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (res.returncode, res.stderr[-2000:])
+
+
+def test_finite_input_bound_inside_is_exact_and_beyond_is_an_error():
+    """Issue 48 item 6 at the boundary: logits up to ~1e37 (inputs ~1e18) give the float64
+    reference's one-hot softmax, forward and backward finite; inputs ~1e20 (logits ~1e40, past
+    fp32) raise naming 'q' and the bound instead of returning NaN."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 9, 2, 8, generator=g) for _ in range(3))
+    for c in [1e18, 3e18]:  # |scale| max||q|| max||k|| about c^2 * 8 * 0.35: 3e36 .. 3e37 < 2.4e38
+        qq, kk = (q * c).requires_grad_(), (k * c).requires_grad_()
+        out = strata.attention(qq, kk, v)
+        want = strata.attention(qq.detach().double(), kk.detach().double(), v.double())
+        assert torch.isfinite(out).all()
+        assert rel_err(out, want) <= FP32_FLOOR * 10
+    with pytest.raises(RuntimeError, match=r"argument 'q'.*finite-input bound"):
+        strata.attention(q * 1e20, k * 1e20, v)
+    with pytest.raises(RuntimeError, match=r"argument 'q'.*finite-input bound"):
+        strata.attention_forward(-q.abs() * 1e20, k.abs() * 1e20, v)  # every logit -> -inf: was a row of zeros
+
+
 def test_output_follows_memory_order_of_q():
     q, k, v = rand_qkv(2, 9, 11, 3, 3, 8, 8, torch.float32, seed=6)
     out = strata.attention(q, k, v)

@@ -111,6 +111,20 @@ CASES = {
     "monarch_module_num_steps_str": (lambda: strata.MonarchAttention(num_steps="2"), TypeError, "num_steps"),
     "performer_features_float": (lambda: strata.performer_attention(*qkv(), 8.5), TypeError, "num_features"),
     "performer_seed_float": (lambda: strata.performer_attention(*qkv(), 8, seed=1.5), TypeError, "seed"),
+    # issue 48 item 6: finite q, k near 1e20 gave NaN with no error (the logits overflow fp32)
+    "attention_logits_overflow": (lambda: strata.attention(qkv()[0] * 1e20, qkv()[1] * 1e20, qkv()[2]), RuntimeError,
+                                  "q"),
+    # issue 48 item 5: 2^40 features were the allocator's raw error
+    "performer_features_huge": (lambda: strata.performer_attention(*qkv(), 2**40), RuntimeError, "num_features"),
+    # issue 48 item 4: a negative or NaN std was replaced by the rule's default; an inner width of
+    # 2^61 was accepted with params() = 0 (the counts wrapped)
+    "mup_role_std_negative": (lambda: strata.mup.MupRole.structured_core(16, std=-1.0), ValueError, "init_std"),
+    "mup_role_std_nan": (lambda: strata.mup.MupRole.structured_core(16, std=float("nan")), ValueError, "init_std"),
+    "mup_role_embedding_std_inf": (lambda: strata.mup.MupRole.embedding(std=float("inf")), ValueError, "init_std"),
+    "structured_inner_2_61": (lambda: strata.structured.StructuredSpec(_with_inner(2**61)), RuntimeError,
+                              "spec.levels[0].inner"),
+    "structured_inner_storage_past_2_36": (lambda: strata.structured.StructuredSpec(_with_inner(2**31, 64)), RuntimeError,
+                                           "spec.levels[0].inner"),
     "nystrom_pinv_iters_float": (lambda: strata.nystrom_attention(*qkv(), 3, pinv_iters=6.0), TypeError,
                                  "pinv_iters"),
     "flops_n_float": (lambda: strata.monarch_attention_flops(10.0, 1, 8, 8, 1, 2), TypeError, "N"),
@@ -133,6 +147,14 @@ CASES = {
     "attention_causal_over_2_24_keys": (lambda: strata.attention_forward(
         qkv()[0], *(t[:, :1].expand(1, 2**24 + 300, 2, 8) for t in qkv()[1:]), causal=True), RuntimeError, "k"),
 }
+
+
+def _with_inner(inner: int, width: int = 16) -> list:
+    """A low-rank width -> width spec's integers with level 0's inner width replaced (hand-built)."""
+    ints = list(strata.structured.low_rank(width, width, 4).ints)
+    assert ints[3] == 4, ints  # [in, out, levels, inner of level 0, ...]
+    ints[3] = inner
+    return ints
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -115,11 +115,16 @@ def test_roles_init_and_groups():
             assert n not in lr_of, f"{n} in two groups"
             lr_of[n] = g["lr"]
     assert set(lr_of) == set(roles)
-    want = {"wte.weight": eta, "btt.w_k": eta * 768 / 16, "btt.w_q": eta * 768 / 8, "mlr.w_q_3": eta * 768 / 16,
-            "fc.weight": eta * 12, "proj.weight": eta * 3, "lm_head.weight": eta * 12, "ln.weight": eta,
+    # The reference's table (src/muP.py) at strata's default base width 128: eta * 128 / fan_in for
+    # the width-fed matrices (fc / lm_head fan_in 64, proj 256, the BTT cores 16 and 8), eta else.
+    want = {"wte.weight": eta, "btt.w_k": eta * 8, "btt.w_q": eta * 16, "mlr.w_q_3": eta * 8,
+            "fc.weight": eta * 2, "proj.weight": eta / 2, "lm_head.weight": eta * 2, "ln.weight": eta,
             "fc.bias": eta, "btt.key_norm_weight": eta}
     for n, lr in want.items():
         assert lr_of[n] == pytest.approx(lr, rel=1e-15), n
+    # the reference's own base width, when asked for: 768 / 64 = 12 eta on fc
+    assert {n: g["lr"] for g in mup_param_groups(model, eta, base_width=768) for n in g["names"]}["fc.weight"] == \
+        pytest.approx(eta * 12, rel=1e-15)
     for g in mup_param_groups(model, eta, weight_decay=0.1):  # decay on >= 2-D parameters only
         assert all(g["weight_decay"] == (0.1 if q.dim() >= 2 else 0.0) for q in g["params"])
 
@@ -169,3 +174,32 @@ def test_undeclared_and_misdeclared_parameters_are_errors():
     assert_raises_naming(ValueError, lambda: mup_param_groups(TinyLM(), -1.0), "mup_param_groups: argument 'base_lr'")
     assert_raises_naming(ValueError, lambda: MupRole("matrix"), "MupRole: argument 'kind'")
     assert_raises_naming(ValueError, lambda: MupRole.hidden(0), "MupRole: argument 'fan_in'")
+
+
+def test_input_role_and_the_standard_parameterisation():
+    """Issue 45: a read-in from data features is an input matrix (the reference's "_read_in":
+    N(0, 0.02^2) at lr eta, whatever d is), and sp_init_ draws what PyTorch's own modules draw."""
+
+    class ReadIn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.read_in = torch.nn.Linear(8, 256, bias=False)
+            self.fc = torch.nn.Linear(256, 256)
+            self.emb = torch.nn.Embedding(64, 256)
+            self.ln = torch.nn.LayerNorm(256)
+
+        def mup_roles(self):
+            return {"read_in.weight": MupRole.input(8)}
+
+    m = ReadIn()
+    mup_init_(m, generator=torch.Generator().manual_seed(1))
+    assert abs(m.read_in.weight.std().item() - 0.02) <= 0.002  # 2048 draws: 1.6% standard error
+    lr_of = {n: g["lr"] for g in mup_param_groups(m, 1e-3) for n in g["names"]}
+    assert lr_of["read_in.weight"] == 1e-3 and lr_of["fc.weight"] == pytest.approx(1e-3 * 128 / 256)
+    strata.mup.sp_init_(m, generator=torch.Generator().manual_seed(2))
+    bound = 1 / math.sqrt(8)
+    w = m.read_in.weight
+    assert w.abs().max().item() <= bound and w.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    assert m.fc.weight.abs().max().item() <= 1 / 16 and torch.all(m.fc.bias == 0)
+    assert m.emb.weight.std().item() == pytest.approx(1.0, rel=0.02)  # nn.Embedding's N(0, 1)
+    assert torch.all(m.ln.weight == 1) and torch.all(m.ln.bias == 0)

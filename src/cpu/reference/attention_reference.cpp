@@ -19,8 +19,9 @@ bool allowed(const AttentionOptions& o, int64_t nq, int64_t nk, int64_t i, int64
   if (o.causal && j > pos) return false;
   const bool global = j < o.num_global || (pos >= 0 && pos < o.num_global);
   if (global) return true;
-  if (o.window_left >= 0 && j < pos - o.window_left) return false;
-  if (o.window_right >= 0 && j > pos + o.window_right) return false;
+  // (differences of positions: a window near 2^63 must not overflow pos - window)
+  if (o.window_left >= 0 && pos - j > o.window_left) return false;
+  if (o.window_right >= 0 && j - pos > o.window_right) return false;
   return true;
 }
 

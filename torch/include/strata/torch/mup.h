@@ -2,11 +2,18 @@
 // paper trains (Kuang et al., ICML 2025, section 3.5; the reference code's src/muP.py):
 //
 //   - every trainable parameter has a ROLE (MupRole): a hidden matrix, a zero-initialised output
-//     matrix, a structured core, a gain (LayerNorm weight), a bias, or an embedding;
+//     matrix, a structured core, an input matrix (a read-in from data features), a gain (LayerNorm
+//     weight), a bias, or an embedding;
 //   - the role gives its init (hidden matrix and structured core N(0, 1/fan_in) unless a std is
-//     given, output 0, gain 1, bias 0, embedding N(0, 0.02^2)) and its Adam learning rate:
-//     base_lr * base_width / fan_in for the three matrix roles (base width 768), base_lr for the
-//     others;
+//     given, output 0, input and embedding N(0, 0.02^2), gain 1, bias 0) and its Adam learning
+//     rate: base_lr * base_width / fan_in for the three width-fed matrix roles, base_lr for the
+//     others (the input matrix's fan_in is the data's width, which does not grow with the model:
+//     the reference's read-in, "fan_in 1");
+//   - base_width: the width at which muP's learning rates equal one lr for every matrix (where SP
+//     and muP coincide). The reference's 768 (GPT-2 small) gave every matrix of a 64-wide model 12x
+//     the base lr, and such models did not learn (issue 45); strata's default is 128, the middle of
+//     the widths a CPU trains (32-256);
+//   - the standard parameterisation beside it (sp_init_: PyTorch's own init of each role, one lr);
 //   - AdamW with betas (0.9, 0.95), eps 1e-20 (sic, the reference's) and weight decay 0;
 //   - the forward-time RMS cap of the structured cores (rms_cap below), applied by the modules
 //     that own the cores (strata/torch/bilinear_attention.h).
@@ -30,9 +37,12 @@
 
 namespace strata::torch {
 
-enum class MupKind { Hidden, Output, StructuredCore, Gain, Bias, Embedding };
+enum class MupKind { Hidden, Output, StructuredCore, Gain, Bias, Embedding, Input };
 
-// "hidden", "output", "structured_core", "gain", "bias", "embedding".
+// The muP base width strata uses unless told (MupOptions::base_width, train.base_width).
+constexpr double kDefaultBaseWidth = 128;
+
+// "hidden", "output", "structured_core", "gain", "bias", "embedding", "input".
 const char* mup_kind_name(MupKind k);
 
 struct MupRole {
@@ -51,6 +61,10 @@ struct MupRole {
   static MupRole bias() { return {MupKind::Bias, 1, 0}; }  // init 0, lr base_lr
   // A lookup table (token / position embedding): init N(0, std^2), std 0.02 by default; lr base_lr.
   static MupRole embedding(double std = 0.02) { return {MupKind::Embedding, 1, std}; }
+  // An input matrix from fan_in data features (the ICR read-in): init N(0, std^2), std 0.02 by
+  // default (the reference's); lr base_lr (its fan_in does not scale with the model's width). The
+  // fan_in is kept for the standard parameterisation's init.
+  static MupRole input(int64_t fan_in, double std = 0.02) { return {MupKind::Input, fan_in, std}; }
 
   bool is_matrix() const {
     return kind == MupKind::Hidden || kind == MupKind::Output || kind == MupKind::StructuredCore;
@@ -60,6 +74,9 @@ struct MupRole {
   // lr = base_lr * base_width / fan_in for the matrix roles, base_lr otherwise.
   double lr(double base_lr, double base_width) const;
 };
+
+// The two parameterisations a trainer offers (train.param).
+enum class Parameterization { sp, mup };
 
 // The interface by which a module declares roles (see the file comment). Names are relative to
 // the module, dotted through submodules; each must name a parameter of the module's subtree.
@@ -85,8 +102,18 @@ std::vector<MupParam> mup_params(const ::torch::nn::Module& model);
 // the normal draws (default: torch's).
 void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen = std::nullopt);
 
+// The standard parameterisation's init, by role: what PyTorch's own modules draw (every matrix
+// role but the structured core, as torch.nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)); embeddings
+// as torch.nn.Embedding: N(0, 1); gains 1; biases 0), structured cores as mup_init_ (they have no
+// PyTorch default: the paper's rule). With one learning rate for every parameter this is what a
+// plain PyTorch model of the same modules trains as.
+void sp_init_(::torch::nn::Module& model, std::optional<at::Generator> gen = std::nullopt);
+
+// mup_init_ or sp_init_.
+void init_(::torch::nn::Module& model, Parameterization p, std::optional<at::Generator> gen = std::nullopt);
+
 struct MupOptions {
-  double base_width = 768;  // lr = base_lr * base_width / fan_in for matrices
+  double base_width = kDefaultBaseWidth;  // lr = base_lr * base_width / fan_in for matrices
   double weight_decay = 0;  // applied to parameters of 2 or more dims (as the reference), 0 to the rest
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-20;
 };
