@@ -27,22 +27,23 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import peer_train  # noqa: E402
 
+
+def icr_case(d: int):
+    """ICR at dim d, no curriculum: width 64, 4 heads, 4 layers, batch 64, 1,500 steps, lr 1e-3."""
+    sets = [f"data.dim={d}", f"data.start_dims={d}", f"data.start_points={2 * d}", "model.width=64",
+            "model.heads=4", "model.layers=4", "train.steps=1500", "train.batch=64", "train.warmup=200",
+            "train.lr=1e-3", "model.attention=mha:scale=1/sqrt(d)"]
+    peer = ["icr", "--dim", str(d), "--width", "64", "--heads", "4", "--layers", "4", "--steps", "1500",
+            "--batch", "64", "--warmup", "200", "--lr", "1e-3", "--scale", "1/sqrt(d)"]
+    return "configs/icr.toml", sets, peer
+
+
 # name -> (config, strata --set overrides, peer arguments): the same run described twice.
 CASES = {
     # the issue's ICR case: d = 8, width 64, 4 heads (head dim 16), 4 layers, batch 64, no curriculum
-    "icr-d8": ("configs/icr.toml",
-               ["data.dim=8", "data.start_dims=8", "data.start_points=16", "model.width=64", "model.heads=4",
-                "model.layers=4", "train.steps=1500", "train.batch=64", "train.warmup=200", "train.lr=1e-3",
-                "model.attention=mha:scale=1/sqrt(d)"],
-               ["icr", "--dim", "8", "--width", "64", "--heads", "4", "--layers", "4", "--steps", "1500",
-                "--batch", "64", "--warmup", "200", "--lr", "1e-3", "--scale", "1/sqrt(d)"]),
+    "icr-d8": icr_case(8),
     # the same at d = 4 (T = 16): where a model of this size leaves the plateau within 1,500 steps
-    "icr-d4": ("configs/icr.toml",
-               ["data.dim=4", "data.start_dims=4", "data.start_points=8", "model.width=64", "model.heads=4",
-                "model.layers=4", "train.steps=1500", "train.batch=64", "train.warmup=200", "train.lr=1e-3",
-                "model.attention=mha:scale=1/sqrt(d)"],
-               ["icr", "--dim", "4", "--width", "64", "--heads", "4", "--layers", "4", "--steps", "1500",
-                "--batch", "64", "--warmup", "200", "--lr", "1e-3", "--scale", "1/sqrt(d)"]),
+    "icr-d4": icr_case(4),
     # char LM at D = 64 (1 head of 64), 4 layers, T = 256, batch 16, QK-LayerNorm as the reference
     "charlm-d64": ("configs/charlm.toml",
                    ["model.width=64", "model.heads=1", "model.layers=4", "model.qk_layernorm=true",

@@ -189,16 +189,20 @@ float value_at(const char* row, int64_t i, int64_t step, bool bf16) {
 
 }  // namespace
 
-bool all_finite(const TensorView& t) {
+// Calls f(x) for every element of a float32 / bf16 view; f returns false to stop early.
+template <class F>
+void for_each_value(const char* where, const TensorView& t, const F& f) {
   const bool bf16 = t.dtype == DType::bf16;
-  bool ok = true;
-  for_each_row("all_finite", t, [&](const char* row, int64_t n, int64_t step) {
-    // (no early exit inside a row: the loop stays branch-free for the compiler to vectorise)
-    bool row_ok = true;
-    for (int64_t i = 0; i < n; ++i) row_ok &= std::isfinite(value_at(row, i, step, bf16));
-    ok = row_ok;
-    return ok;
+  for_each_row(where, t, [&](const char* row, int64_t n, int64_t step) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!f(value_at(row, i, step, bf16))) return false;
+    return true;
   });
+}
+
+bool all_finite(const TensorView& t) {
+  bool ok = true;
+  for_each_value("all_finite", t, [&](float x) { return ok = std::isfinite(x); });
   return ok;
 }
 
@@ -207,10 +211,7 @@ double max_row_norm(const TensorView& t) {
   double best = 0;
   for_each_row("max_row_norm", t, [&](const char* row, int64_t n, int64_t step) {
     double s = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double x = value_at(row, i, step, bf16);
-      s += x * x;
-    }
+    for (int64_t i = 0; i < n; ++i) s += double(value_at(row, i, step, bf16)) * double(value_at(row, i, step, bf16));
     best = std::max(best, std::sqrt(s));
     return true;
   });
@@ -218,13 +219,9 @@ double max_row_norm(const TensorView& t) {
 }
 
 double max_finite_abs(const TensorView& t) {
-  const bool bf16 = t.dtype == DType::bf16;
   double best = 0;
-  for_each_row("max_finite_abs", t, [&](const char* row, int64_t n, int64_t step) {
-    for (int64_t i = 0; i < n; ++i) {
-      const double x = std::fabs(double(value_at(row, i, step, bf16)));
-      if (std::isfinite(x)) best = std::max(best, x);
-    }
+  for_each_value("max_finite_abs", t, [&](float x) {
+    if (std::isfinite(x)) best = std::max(best, std::fabs(double(x)));
     return true;
   });
   return best;
