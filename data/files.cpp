@@ -90,16 +90,33 @@ void write_file_atomic(const std::string& path, const std::string& content, cons
 std::string read_file(const std::string& path, const char* where) {
   // A folder opens as an ifstream and reads as "" (a folder given as a config started a default
   // run: issue 48 item 2), so the kind of file is checked first (stat follows symbolic links).
+  // Pipes and character devices stay readable (`--input /dev/stdin`, `<(cmd)`, /dev/null), with a
+  // cap so that an endless one (/dev/zero) is an error instead of a hang.
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw Error(std::string(where) + ": cannot read '" + path + "': expected a regular file, got " +
-                (S_ISDIR(st.st_mode) ? "a folder" : "a special file (device, socket or pipe)"));
+  const bool known = ::stat(path.c_str(), &st) == 0;
+  if (known && S_ISDIR(st.st_mode))
+    throw Error(std::string(where) + ": cannot read '" + path + "': expected a file, got a folder");
+  if (known && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode))
+    throw Error(std::string(where) + ": cannot read '" + path + "': expected a file, pipe or character device, got " +
+                (S_ISBLK(st.st_mode) ? "a block device" : "a socket"));
   std::ifstream f(path, std::ios::binary);
   STRATA_CHECK(f.good(), where, ": cannot read '", path, "': ", std::strerror(errno));
-  std::ostringstream os;
-  os << f.rdbuf();
+  if (!known || S_ISREG(st.st_mode)) {
+    std::ostringstream os;
+    os << f.rdbuf();
+    STRATA_CHECK(!f.bad(), where, ": reading '", path, "' failed");
+    return os.str();
+  }
+  constexpr std::size_t kMaxStreamBytes = std::size_t{1} << 30;  // 1 GiB: beyond any config or corpus we read
+  std::string out;
+  char buf[1 << 16];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
+    out.append(buf, static_cast<std::size_t>(f.gcount()));
+    STRATA_CHECK(out.size() <= kMaxStreamBytes, where, ": reading '", path, "': the stream gave more than ",
+                 kMaxStreamBytes, " bytes (an endless device?)");
+  }
   STRATA_CHECK(!f.bad(), where, ": reading '", path, "' failed");
-  return os.str();
+  return out;
 }
 
 std::string unwritable_reason(const std::string& path) {

@@ -55,10 +55,12 @@ expect_error "$OUT/empty/checkpoints/latest.json" "$STRATA" train "$SRC/configs/
 
 # A folder or an empty file as the config is an error in a second, not a default run (issue 48
 # item 2): the folder's error names the path and what it is; the empty file's names the key 'task'.
-expect_error "'$SRC/configs': expected a regular file, got a folder" "$STRATA" train "$SRC/configs" --out "$OUT/e" --no-progress
+expect_error "'$SRC/configs': expected a file, got a folder" "$STRATA" train "$SRC/configs" --out "$OUT/e" --no-progress
 : > "$OUT/empty.toml"
 expect_error "key 'task': missing" "$STRATA" train "$OUT/empty.toml" --out "$OUT/e" --no-progress
 [ ! -e "$OUT/e/train.csv" ] || fail "a config without a task started a run"
+# A character device or pipe stays readable (/dev/stdin, <(cmd)): /dev/null reads as the empty file.
+expect_error "key 'task': missing" "$STRATA" train /dev/null --out "$OUT/e" --no-progress
 
 # Two trainers on one run folder (issue 48 item 3): the second, started while the first trains, is
 # an error naming the first's pid, and neither a fresh run nor --resume touches the first's files.

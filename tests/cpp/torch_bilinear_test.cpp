@@ -686,8 +686,9 @@ TEST(TorchMup, RolesInitAndGroups) {
   for (const char* n : {"btt.key_norm_weight", "mlr.k_norm_weight_3", "ln.weight", "scale"})
     EXPECT_TRUE(all_equal(n, 1.0)) << n;
 
-  // Groups: lr = eta * 768 / fan_in for matrices, eta otherwise; every parameter once.
-  const double eta = 1e-3;
+  // Groups: lr = eta * base_width / fan_in for matrices (the default base width), eta otherwise;
+  // every parameter once.
+  const double eta = 1e-3, base = st::kDefaultBaseWidth;
   const auto groups = st::mup_param_groups(*model, eta);
   std::map<std::string, double> lr_of;
   for (const auto& g : groups) {
@@ -697,8 +698,9 @@ TEST(TorchMup, RolesInitAndGroups) {
   }
   EXPECT_EQ(lr_of.size(), roles.size());
   const std::map<std::string, double> want_lr = {
-      {"wte.weight", eta},     {"btt.w_k", eta * 768 / 16}, {"btt.w_q", eta * 768 / 8},   {"mlr.w_q_3", eta * 768 / 16},
-      {"fc.weight", eta * 12}, {"proj.weight", eta * 3},    {"lm_head.weight", eta * 12}, {"ln.weight", eta},
+      {"wte.weight", eta},           {"btt.w_k", eta * base / 16},        {"btt.w_q", eta * base / 8},
+      {"mlr.w_q_3", eta * base / 16}, {"fc.weight", eta * base / 64},     {"proj.weight", eta * base / 256},
+      {"lm_head.weight", eta * base / 64}, {"ln.weight", eta},
       {"fc.bias", eta},        {"btt.key_norm_weight", eta}};
   for (const auto& [n, lr] : want_lr) EXPECT_DOUBLE_EQ(lr_of.at(n), lr) << n;
   // Weight decay, when asked, on the >= 2-D parameters only (the reference's rule).

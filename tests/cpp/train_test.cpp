@@ -119,7 +119,7 @@ TEST(TrainConfig, NoTaskOrNotAFileIsAnError) {
   expect_error([] { parse_train_config("[model]\nwidth = 32\n", "t.toml"); }, {"key 'task': missing"});
   EXPECT_EQ(parse_train_config("", "e.toml", "", {"task=\"icr\""}).task, "icr");  // --set may give it
   expect_error([] { load_train_config(std::string(STRATA_SOURCE_DIR) + "/configs", "", {}); },
-               {"/configs'", "expected a regular file, got a folder"});
+               {"/configs'", "expected a file, got a folder"});
   expect_error([] { load_train_config("/dev/null", "", {}); }, {"/dev/null", "special file"});
   expect_error([] { load_train_config("/nonexistent/x.toml", "", {}); }, {"/nonexistent/x.toml", "cannot read"});
 }
