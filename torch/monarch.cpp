@@ -225,10 +225,6 @@ MonarchMode parse_monarch_mode(const char* where, std::string_view s) {
   throw_arg(where, "mode", "\"stable\" or \"reference\"", cat("\"", s, "\""));
 }
 
-const char* monarch_pad_name(MonarchPad pad) { return pad == MonarchPad::pre ? "pre" : "post"; }
-
-const char* monarch_mode_name(MonarchMode mode) { return mode == MonarchMode::reference ? "reference" : "stable"; }
-
 double monarch_attention_flops(int64_t N, int64_t heads, int64_t D, int64_t Dv, int64_t T, int64_t B) {
   const char* where = "monarch_attention_flops";
   // The arguments under Python's names first; the count is the core's.

@@ -63,6 +63,9 @@
 // Non-finite inputs propagate and finite inputs give finite outputs exactly as attention.h says,
 // with the logit bound taken over the levels a pair shares: log2(e) * sum_l c_l sum_{d in level l}
 // |q_id k_jd| < FLT_MAX forward, < 2^26 backward (the 1/L and 1/m factors only shrink it).
+// Beyond: a strata::Error naming 'q' (or 'dout'), as attention.h's, checked the same way (one pass
+// over lse or dq, dk, dv; q and k read again only when one is not finite) against the sufficient
+// form max_l |c_l| max_i ||q_i|| max_j ||k_j||.
 //
 // Cost: the kernel visits (64-query x 128-key) tiles; on a tile where every pair shares the levels
 // 1..m it forms scores with a prefix dot product of length R_m = r_1+..+r_m; deeper levels are

@@ -48,9 +48,10 @@
 // outputs when log2(e) * (scale * max_n ||q_n|| * max_m ||k_m|| + ln B) < FLT_MAX (2-norms; every
 // R-step input a / c is a weighted mean of queries, every softmax subtracts its max, and R and L
 // rows sum to at most 1, so no other value grows; the backward measured finite at half the bound).
-// Beyond, a logit that overflows to +inf makes the R row that holds it NaN, and through al / cl
-// every query of that offset (T = 1; later steps spread it further). Tests:
-// tests/cpp/core_nonfinite_test.cpp.
+// Beyond: a strata::Error naming 'q' (or 'dout'), as attention.h's: the calls check what they
+// wrote (one pass over o, or dq, dk, dv) and, only when it is not finite while the inputs are, read
+// q and k again against that bound (a logit that overflowed to +inf had made its R row NaN, and
+// through al / cl every query of that offset, with no error). Tests: tests/cpp/core_nonfinite_test.cpp.
 //
 // bf16 products (opt in): with compute = avx512_bf16 or amx_bf16 a bfloat16 forward runs its six
 // products on that bf16 engine (bf16 operands, fp32 accumulation, as attention.h's), and the
@@ -113,6 +114,10 @@ namespace strata {
 
 enum class MonarchMode : uint8_t { stable = 0, reference = 1 };
 enum class MonarchPad : uint8_t { post = 0, pre = 1 };
+
+// The names the specs, the op schema and Python use: "stable" / "reference", "post" / "pre".
+inline const char* monarch_mode_name(MonarchMode mode) { return mode == MonarchMode::reference ? "reference" : "stable"; }
+inline const char* monarch_pad_name(MonarchPad pad) { return pad == MonarchPad::pre ? "pre" : "post"; }
 
 struct MonarchOptions {
   int64_t num_steps = 1;    // T >= 1

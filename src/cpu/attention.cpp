@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/attention_params.h"
+#include "cpu/finite_bound.h"
 #include "cpu/views.h"  // fill_io, fill_grads
 #include "strata/cpu.h"
 #include "strata/threading.h"
@@ -191,50 +192,12 @@ Compute attention_compute(const AttnDims& d, const AttentionOptions& opt) {
 
 namespace {
 
-// ---- The finite-input bound (strata/attention.h) ---------------------------------------------
-// Finite inputs beyond it gave NaN (or a row of zeros) with no error (issue 48 item 6). The calls
-// now check their outputs, which costs one pass over lse (forward) or over dq, dk, dv (backward:
-// 1 / (3 seq) of its FLOPs), and read q and k again only when an output is not finite.
-constexpr double kLog2e = 1.4426950408889634;
-
-// The bound's sufficient form: |logit_ij| <= |scale| max ||q_i|| max ||k_j|| + max |bias| (Cauchy-
-// Schwarz bounds sum_d |q_id k_jd| by ||q_i|| ||k_j||).
-double logit_bound(const TensorView& q, const TensorView& k, const AttentionOptions& opt, float scale) {
-  const double bias = given(opt.bias) ? max_finite_abs(opt.bias) : 0.0;
-  return std::fabs(double(scale)) * max_row_norm(q) * max_row_norm(k) + bias;
-}
-
-[[noreturn]] void throw_bound(const char* where, double logit, double limit, const char* which) {
-  throw Error(detail::cat(where, ": argument 'q': expected q and k within the ", which,
-                          "'s finite-input bound (strata/attention.h: |scale * q_i . k_j| + |bias| < ", limit,
-                          "), got finite inputs whose logits reach ", logit,
-                          " (|scale| max ||q_i|| max ||k_j|| + max |bias|): fp32 logits overflow, the outputs were not "
-                          "finite; scale q or k down"));
-}
-
-// After a forward: a NaN or infinite lse from finite q and k is the bound exceeded (an lse of -inf
-// is also a row with no allowed key, which the bound's sufficient form tells apart).
-void check_forward_bound(const char* where, const TensorView& q, const TensorView& k, const TensorView& lse,
-                         const AttentionOptions& opt, float scale) {
-  if (all_finite(lse) || !all_finite(q) || !all_finite(k)) return;  // (non-finite inputs: IEEE, documented)
-  const double logit = logit_bound(q, k, opt, scale);
-  if (kLog2e * logit >= double(std::numeric_limits<float>::max()))
-    throw_bound(where, logit, double(std::numeric_limits<float>::max()) / kLog2e, "forward");
-}
-
-// After a backward: non-finite gradients from finite inputs.
-void check_backward_bound(const char* where, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView& o, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                          const TensorView& dv, const AttentionOptions& opt, float scale) {
-  if (all_finite(dq) && all_finite(dk) && all_finite(dv)) return;
-  for (const TensorView* t : {&q, &k, &v, &o, &dout})
-    if (!all_finite(*t)) return;
-  const double logit = logit_bound(q, k, opt, scale), limit = double(int64_t(1) << 26);
-  if (logit >= limit) throw_bound(where, logit, limit, "backward");
-  throw Error(detail::cat(where, ": argument 'dout': expected dout, q, k and v within the backward's finite-input "
-                          "bound on its gradient sums (strata/attention.h), got finite inputs whose gradients overflow "
-                          "float32 (max |dout| = ", max_finite_abs(dout), ", max |v| = ", max_finite_abs(v),
-                          "); scale them down"));
+// The finite-input bound (strata/attention.h): src/cpu/finite_bound.h checks it after each call.
+cpu::LogitBound dense_bound(const AttentionOptions& opt, float scale) {
+  cpu::LogitBound b;
+  b.scale = std::fabs(double(scale));
+  b.bias = &opt.bias;
+  return b;
 }
 
 }  // namespace
@@ -246,7 +209,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   const float scale = p.scale;
   drop_leading_keys(p, first_reachable_key(p), /*backward=*/false);
   run_forward(p);
-  check_forward_bound(where, q, k, lse, opt, scale);
+  cpu::check_forward_bound(where, q, k, lse, dense_bound(opt, scale));
 }
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -264,7 +227,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const float scale = p.scale;
   drop_leading_keys(p, k0, /*backward=*/true);
   run_backward(p);
-  check_backward_bound(where, q, k, v, o, dout, dq, dk, dv, opt, scale);
+  cpu::check_backward_bound(where, q, k, v, &o, dout, dq, dk, dv, dense_bound(opt, scale));
 }
 
 AttentionFlops attention_flops(const AttnDims& d, bool causal) {

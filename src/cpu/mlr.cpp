@@ -3,9 +3,11 @@
 // the FLOP count. Semantics: include/strata/mlr.h.
 #include "strata/mlr.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "cpu/finite_bound.h"
 #include "cpu/mlr_params.h"
 #include "cpu/views.h"  // fill_io, fill_grads
 #include "strata/attention.h"  // the dense shortcut of L = 1
@@ -201,12 +203,23 @@ AttentionOptions dense_options(const MlrParams& p, const MlrOptions& opt) {
 
 namespace {
 
+// The finite-input bound of strata/mlr.h in its sufficient form: sum_l c_l sum_{d in l} |q_id k_jd|
+// <= max_l |c_l| ||q_i|| ||k_j||.
+cpu::LogitBound mlr_bound(const MlrParams& p) {
+  cpu::LogitBound b;
+  b.scale = 0;
+  for (float c : p.level_scale) b.scale = std::max(b.scale, std::fabs(double(c)));
+  b.contract = "strata/mlr.h";
+  return b;
+}
+
 // The public entry points' bodies; `shortcut`: take the dense kernel where it is exact.
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
              const MlrOptions& opt, bool shortcut) {
   const MlrParams p = make_params("mlr_attention_forward", q, k, v, o, lse, opt);
   if (shortcut && is_dense(p)) return attention_forward(q, k, v, o, lse, dense_options(p, opt));
   run_forward(p);
+  cpu::check_forward_bound("mlr_attention_forward", q, k, lse, mlr_bound(p));
 }
 
 void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -219,6 +232,7 @@ void backward(const TensorView& q, const TensorView& k, const TensorView& v, con
   cpu::fill_grads(p, dout, dq, dk, dv, L);
   if (shortcut && is_dense(p)) return attention_backward(q, k, v, o, lse, dout, dq, dk, dv, dense_options(p, opt));
   run_backward(p);
+  cpu::check_backward_bound(where, q, k, v, &o, dout, dq, dk, dv, mlr_bound(p));
 }
 
 }  // namespace

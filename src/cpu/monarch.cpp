@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
+#include "cpu/finite_bound.h"
 #include "cpu/monarch_params.h"
 #include "cpu/views.h"  // strided
 #include "strata/cpu.h"
@@ -135,6 +137,20 @@ Compute monarch_attention_compute(const AttnDims& d, const MonarchOptions& opt) 
   return resolve(where, opt.compute, d.dtype == DType::bf16);
 }
 
+namespace {
+
+// The finite-input bound of strata/monarch.h: log2(e) (scale max ||q_n|| max ||k_m|| + ln B) < FLT_MAX.
+cpu::LogitBound monarch_bound(const MonarchParams& p) {
+  cpu::LogitBound b;
+  b.scale = std::fabs(double(p.scale));
+  b.extra = std::log(double(p.block));
+  b.contract = "strata/monarch.h";
+  b.backward_limit = double(std::numeric_limits<float>::max()) / 1.4426950408889634;  // log2(e)
+  return b;
+}
+
+}  // namespace
+
 void monarch_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& o, const TensorView& state, const MonarchOptions& opt) {
   const char* where = "monarch_attention_forward";
@@ -145,6 +161,7 @@ void monarch_attention_forward(const TensorView& q, const TensorView& k, const T
   check_no_overlap(where, "o", o);
   p.o = strided(o, L);
   STRATA_ACTIVE_KERNELS(kMonarchKernels).forward(p);
+  cpu::check_forward_bound(where, q, k, o, monarch_bound(p));
 }
 
 void monarch_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -160,6 +177,7 @@ void monarch_attention_backward(const TensorView& q, const TensorView& k, const 
   p.dk = strided(dk, L);
   p.dv = strided(dv, L);
   STRATA_ACTIVE_KERNELS(kMonarchKernels).backward(p);
+  cpu::check_backward_bound(where, q, k, v, nullptr, dout, dq, dk, dv, monarch_bound(p));
 }
 
 }  // namespace strata

@@ -8,7 +8,7 @@
 //   Rows with no allowed key (MLR: causal or cross-segment masking; Monarch: masked / padded
 //   tokens and whole key blocks): zeros, lse = -inf, zero gradients, never NaN.
 //   Bound: inputs just inside the documented bound give finite results equal to the double
-//   reference; a logit beyond it gives the documented NaN in its row only.
+//   reference; a logit beyond it is a strata::Error naming q and the bound (issue 48 item 6).
 // Tolerances are the kernel suites' (core_mlr_test.cpp, core_monarch_test.cpp): fp32 forward 2e-5,
 // gradients 1e-4 normwise with a 1e-2 floor.
 #include <gtest/gtest.h>
@@ -499,12 +499,11 @@ TEST(FiniteBound, BackwardJustInsideIsFinite) {
     return all_finite(r.dq) && all_finite(r.dk) && all_finite(r.dv);
   };
   for_bound_cases(std::ldexp(1.0, 25), [&](const MlrInputs& in, bool dense) { EXPECT_TRUE(grads_finite(in, dense)); });
-  // (dense: an error naming the bound instead, issue 48 item 6; MLR keeps the documented result)
+  // (an error naming the bound instead, issue 48 item 6)
   for_bound_cases(std::ldexp(1.0, 32), [&](const MlrInputs& in, bool dense) {
-    if (dense)
-      test::expect_error([&] { grads_finite(in, dense); }, {"attention_backward", "argument 'q'", "backward's finite-input bound"});
-    else
-      EXPECT_FALSE(grads_finite(in, dense));
+    test::expect_error([&] { grads_finite(in, dense); },
+                       {dense ? "attention_backward" : "mlr_attention_backward", "argument 'q'",
+                        "backward's finite-input bound", dense ? "strata/attention.h" : "strata/mlr.h"});
   });
 }
 
@@ -542,10 +541,9 @@ TEST(FiniteBound, DenseBeyondIsAnErrorNamingTheBound) {
   test::restore_best_isa();
 }
 
-// MLR beyond the bound: q_i0 . k_j0 = 16e40 overflows fp32. Row i0 holds a +inf logit and is NaN
-// (as PyTorch's SDPA); every other row is finite (their logits against k_j0 are ~1e20, large but
-// finite). (Dense: an error, above.)
-TEST(FiniteBound, MlrBeyondGivesTheDocumentedResult) {
+// MLR beyond the bound: q_i0 . k_j0 = 16e40 overflows fp32. Row i0 held a +inf logit and was NaN
+// with no error (issue 48 item 6): now an error naming 'q', the bound and its header.
+TEST(FiniteBound, MlrBeyondIsAnErrorNamingTheBound) {
   const int64_t N = 70, D = 16, Dv = 8, i0 = 40, j0 = 5;
   MlrInputs in = mlr_inputs(1, N, N, D, Dv, 8);
   for (int64_t d = 0; d < D; ++d) {
@@ -555,14 +553,9 @@ TEST(FiniteBound, MlrBeyondGivesTheDocumentedResult) {
   for (Isa isa : test::isas_to_test()) {
     SCOPED_TRACE(isa_name(isa));
     set_isa(isa);
-    const MlrRun r = run_mlr(in.q, in.k, in.v, in.g, mlr_options({4, 4, 8}));
-    for (int64_t i = 0; i < N; ++i) {
-      if (i == i0) {
-        EXPECT_TRUE(all_of(r.o, 0, i, 0, is_nan)) << "row " << i;
-      } else {
-        EXPECT_TRUE(all_of(r.o, 0, i, 0, is_finite)) << "row " << i;
-      }
-    }
+    test::expect_error([&] { run_mlr(in.q, in.k, in.v, in.g, mlr_options({4, 4, 8})); },
+                       {"mlr_attention_forward", "argument 'q'", "forward's finite-input bound", "strata/mlr.h",
+                        "scale q or k down"});
   }
   test::restore_best_isa();
 }
@@ -597,9 +590,9 @@ TEST(FiniteBound, MonarchJustInsideIsFinite) {
 }
 
 // Monarch beyond the bound (T = 1): q_n0 . k_m0 = 8e40 with n0, m0 in one block. The R-step row
-// (block of m0, offset of n0) holds a +inf logit and is NaN, so the queries of that offset are
-// NaN; every other row is finite.
-TEST(FiniteBound, MonarchBeyondGivesNaNInTheRowsThatReadTheLogit) {
+// (block of m0, offset of n0) held a +inf logit, and the queries of that offset were NaN with no
+// error (issue 48 item 6): now an error naming 'q', the bound and its header, in both modes.
+TEST(FiniteBound, MonarchBeyondIsAnErrorNamingTheBound) {
   const int64_t n0 = 7, m0 = 9;  // block 1, offsets 2 and 4
   MonarchInputs in = monarch_inputs(11);
   for (int64_t d = 0; d < kMD; ++d) {
@@ -613,14 +606,9 @@ TEST(FiniteBound, MonarchBeyondGivesNaNInTheRowsThatReadTheLogit) {
       SCOPED_TRACE(testing::Message() << (mode == MonarchMode::stable ? "stable " : "reference ") << isa_name(isa));
       set_isa(isa);
       opt.mode = mode;
-      const MonarchRun r = run_monarch(in.q, in.k, in.v, in.g, opt);
-      for (int64_t n = 0; n < kMN; ++n) {
-        if (n % kMB == n0 % kMB) {
-          EXPECT_TRUE(all_of(r.o, 0, n, 0, is_nan)) << "row " << n;
-        } else {
-          EXPECT_TRUE(all_of(r.o, 0, n, 0, is_finite)) << "row " << n;
-        }
-      }
+      test::expect_error([&] { run_monarch(in.q, in.k, in.v, in.g, opt); },
+                         {"monarch_attention_forward", "argument 'q'", "forward's finite-input bound",
+                          "strata/monarch.h", "+ ln B"});
     }
   test::restore_best_isa();
 }

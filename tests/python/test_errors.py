@@ -114,6 +114,10 @@ CASES = {
     # issue 48 item 6: finite q, k near 1e20 gave NaN with no error (the logits overflow fp32)
     "attention_logits_overflow": (lambda: strata.attention(qkv()[0] * 1e20, qkv()[1] * 1e20, qkv()[2]), RuntimeError,
                                   "q"),
+    "mlr_logits_overflow": (lambda: strata.mlr_attention(qkv()[0] * 1e20, qkv()[1] * 1e20, qkv()[2], [4, 4],
+                                                         context=6), RuntimeError, "q"),
+    "monarch_logits_overflow": (lambda: strata.monarch_attention(qkv()[0] * 1e20, qkv()[1] * 1e20, qkv()[2]),
+                                RuntimeError, "q"),
     # issue 48 item 5: 2^40 features were the allocator's raw error
     "performer_features_huge": (lambda: strata.performer_attention(*qkv(), 2**40), RuntimeError, "num_features"),
     # issue 48 item 4: a negative or NaN std was replaced by the rule's default; an inner width of

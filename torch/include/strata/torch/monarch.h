@@ -42,8 +42,8 @@ struct MonarchArgs {
 // argument ('pad' / 'mode') and listing the names; *_name return the name.
 MonarchPad parse_monarch_pad(const char* where, std::string_view s);
 MonarchMode parse_monarch_mode(const char* where, std::string_view s);
-const char* monarch_pad_name(MonarchPad pad);
-const char* monarch_mode_name(MonarchMode mode);
+using ::strata::monarch_mode_name;  // the core's (strata/monarch.h)
+using ::strata::monarch_pad_name;
 
 // The kernels alone (monarch_attention_forward / _backward, here and as torch.ops.strata.*) are
 // NOT differentiable: their outputs never require grad; use monarch_attention() for gradients.
