@@ -2,7 +2,10 @@
 # CMakeLists.txt after torch/):
 #   strata_data     torch-free: safetensors reader, SHA-256, WordPiece tokenizer, STS-B loader
 #                   and Spearman, model-directory and shared-data lookup; the training datasets
-#                   (char corpora, in-context regression, ETTh1)                (data/)
+#                   (char corpora, in-context regression, ETTh1)                (data/);
+#                   the readers of user input in models/ (the spec grammars of the attention
+#                   options, a checkpoint's metadata: models/attention_spec.cpp,
+#                   layer_attention_spec.cpp, checkpoint_meta.cpp), torch-free so that they are fuzzed
 #   strata_models   LibTorch: the BERT encoder with pluggable attention, the attention zoo it
 #                   converts to (softmax / Monarch / Nystrom / Performer) and the conversion
 #                   evaluation (STS-B, long passages, FLOPs)                      (models/)
@@ -30,6 +33,9 @@ add_library(strata_data STATIC
   ${PROJECT_SOURCE_DIR}/data/shared_files.cpp
   ${PROJECT_SOURCE_DIR}/data/sts.cpp
   ${PROJECT_SOURCE_DIR}/data/wordpiece.cpp
+  ${PROJECT_SOURCE_DIR}/models/attention_spec.cpp
+  ${PROJECT_SOURCE_DIR}/models/checkpoint_meta.cpp
+  ${PROJECT_SOURCE_DIR}/models/layer_attention_spec.cpp
 )
 # Headers are included as "data/....h" and "models/....h".
 target_include_directories(strata_data PUBLIC ${PROJECT_SOURCE_DIR})
@@ -45,6 +51,7 @@ set(STRATA_ENCODER_TEST_SOURCES
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_sts_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_train_test.cpp
   ${PROJECT_SOURCE_DIR}/tests/cpp/data_wordpiece_test.cpp
+  ${PROJECT_SOURCE_DIR}/tests/cpp/models_readers_test.cpp
 )
 set(STRATA_ENCODER_TEST_LIBS strata_data)
 

@@ -1,6 +1,7 @@
 // data/char_corpus.cpp: see char_corpus.h.
 #include "data/char_corpus.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -101,14 +102,19 @@ CharCorpus make_char_corpus(const std::string& name, std::string_view text, doub
     const size_t end = nl == std::string_view::npos ? text.size() : nl + 1;  // the line with its '\n'
     ++lines;
     int64_t bad = 0;
+    bool any_bad = false;
     for (size_t i = start; i < end; ++i) {
       const auto b = static_cast<unsigned char>(text[i]);
       if (char_id(b) < 0) {
         if (first_bad.empty()) first_bad = describe_byte(b) + " on line " + std::to_string(lines);
+        any_bad = true;
         bad += (b & 0xC0) != 0x80;  // a UTF-8 continuation byte is part of the character before it
       }
     }
-    if (bad > 0) {
+    // A stray continuation byte (no lead byte before it) still drops its line, as one character:
+    // kept, it became id 255 past the vocabulary (found by tests/fuzz/char_corpus_fuzz).
+    if (any_bad) {
+      bad = std::max<int64_t>(bad, 1);
       c.dropped_chars += bad;
       ++c.dropped_lines;
     } else {

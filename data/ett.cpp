@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <istream>
+#include <sstream>
 
 #include "data/counter_rng.h"
+#include "data/files.h"
 #include "data/shared_files.h"
 #include "strata/error.h"
 
@@ -47,9 +49,7 @@ std::vector<std::string> split_commas(const std::string& line) {
 
 // Reads the header into data->columns / channels and the rows (date column dropped) into *raw
 // (rows x channels), counting them in data->rows.
-void read_ett_csv(const std::string& path, EttData* data, std::vector<double>* raw) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("ETT file '" + path + "': cannot open file");
+void read_ett_csv(std::istream& in, const std::string& path, EttData* data, std::vector<double>* raw) {
   std::string line;
   if (!std::getline(in, line)) throw Error("ETT file '" + path + "': expected a header line, got an empty file");
   if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -121,15 +121,24 @@ void copy_rows(const EttData& data, int64_t row, int64_t n, float* out) {
 
 }  // namespace
 
-EttData load_ett(const std::string& name) {
+EttData parse_ett_csv(const std::string& text, const std::string& origin) {
   EttData data;
-  data.path = resolve_ett(name, &data.name);
+  data.name = data.path = origin;
+  std::istringstream in(text);
   std::vector<double> raw;
-  read_ett_csv(data.path, &data, &raw);
+  read_ett_csv(in, origin, &data, &raw);
   if (data.rows < kEttTestEnd)
-    throw Error("ETT file '" + data.path + "': expected at least " + std::to_string(kEttTestEnd) +
+    throw Error("ETT file '" + origin + "': expected at least " + std::to_string(kEttTestEnd) +
                 " data rows (the protocol's test split ends there), got " + std::to_string(data.rows));
-  standardise(data.path, raw, &data);
+  standardise(origin, raw, &data);
+  return data;
+}
+
+EttData load_ett(const std::string& name) {
+  std::string shown;
+  const std::string path = resolve_ett(name, &shown);
+  EttData data = parse_ett_csv(read_file(path, "load_ett"), path);
+  data.name = shown;
   return data;
 }
 

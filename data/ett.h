@@ -41,6 +41,10 @@ struct EttData {
 // naming the file and line; a channel constant over the train rows (std 0) is an error naming it.
 EttData load_ett(const std::string& name = "ETTh1");
 
+// The CSV text of an ETT-format file (load_ett's parse, without the file or its sha256); `origin`
+// names it in errors and becomes name and path. Throws strata::Error naming origin and line.
+EttData parse_ett_csv(const std::string& text, const std::string& origin);
+
 enum class EttSplit { train, val, test };
 
 // Windows of input length L and horizon H (stride 1) in a split; L, H >= 1 and the split must

@@ -189,7 +189,8 @@ void SafetensorsFile::parse() {
       }
       continue;
     }
-    const auto bad = [&](const std::string& what) { return fail("tensor '" + name + "': " + what); };
+    const std::string& tensor = name;  // clang < 16 cannot capture a structured binding
+    const auto bad = [&](const std::string& what) { return fail("tensor '" + tensor + "': " + what); };
     if (!entry.is_object()) throw bad(std::string("expected an object, got ") + entry.type_name());
     for (const auto& [k, v] : entry.items())
       if (k != "dtype" && k != "shape" && k != "data_offsets") throw bad("unknown field '" + k + "'");

@@ -7,9 +7,9 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <fstream>
 #include <utility>
 
+#include "data/files.h"
 #include "strata/error.h"
 
 namespace strata::data {
@@ -125,16 +125,21 @@ CodePoints nfd(const CodePoints& in) {
 }  // namespace
 
 WordPieceTokenizer WordPieceTokenizer::from_vocab_file(const std::string& path, WordPieceOptions opt) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("WordPiece vocabulary '" + path + "': cannot open file");
+  return from_vocab_text(read_file(path, "WordPieceTokenizer"), std::move(opt), "WordPiece vocabulary '" + path + "'");
+}
+
+WordPieceTokenizer WordPieceTokenizer::from_vocab_text(std::string_view text, WordPieceOptions opt,
+                                                       const std::string& source) {
   std::vector<std::string> vocab;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    vocab.push_back(std::move(line));
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    vocab.emplace_back(line);
+    start = end + 1;
   }
-  if (in.bad()) throw Error("WordPiece vocabulary '" + path + "': read error");
-  return WordPieceTokenizer(std::move(vocab), std::move(opt), "WordPiece vocabulary '" + path + "'");
+  return WordPieceTokenizer(std::move(vocab), std::move(opt), source);
 }
 
 WordPieceTokenizer::WordPieceTokenizer(std::vector<std::string> vocab, WordPieceOptions opt, const std::string& source)

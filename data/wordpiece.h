@@ -46,6 +46,10 @@ class WordPieceTokenizer {
   // vocab.txt: one token per line, id = line number from 0. Throws strata::Error naming the file
   // when it cannot be read or lacks one of the special tokens.
   static WordPieceTokenizer from_vocab_file(const std::string& path, WordPieceOptions opt = {});
+  // The same from the file's text (lines split at '\n', a trailing '\r' dropped); `source` names
+  // it in errors.
+  static WordPieceTokenizer from_vocab_text(std::string_view text, WordPieceOptions opt = {},
+                                            const std::string& source = "vocabulary");
   explicit WordPieceTokenizer(std::vector<std::string> vocab, WordPieceOptions opt = {},
                               const std::string& source = "vocabulary");
 

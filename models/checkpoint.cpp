@@ -11,14 +11,13 @@
 #include <cstring>
 
 #include "data/files.h"
+#include "models/checkpoint_meta.h"
 #include "data/safetensors.h"
 #include "data/sha256.h"
 #include "strata/error.h"
 
 namespace strata::models {
 namespace {
-
-constexpr const char* kFormat = "strata-checkpoint/1";
 
 struct DTypePair {
   at::ScalarType torch;
@@ -69,25 +68,6 @@ std::vector<int64_t> listed_steps(const std::string& dir) {
   return steps;
 }
 
-nlohmann::json read_json(const std::string& path) {
-  const std::string text = data::read_file(path, "load_checkpoint");
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("checkpoint '" + path + "': metadata is not valid JSON (torn or altered file?): " + e.what());
-  }
-}
-
-template <typename T>
-T meta_field(const nlohmann::json& j, const char* key, const std::string& path) {
-  STRATA_CHECK(j.is_object() && j.contains(key), "checkpoint '", path, "': metadata has no '", key, "'");
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error("checkpoint '" + path + "': metadata '" + key + "' has the wrong type: " + j.at(key).dump());
-  }
-}
-
 }  // namespace
 
 bool has_checkpoint(const std::string& run_dir) {
@@ -114,13 +94,14 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step,
     s.bytes = {static_cast<const std::byte*>(t.data_ptr()), size_t(t.nbytes())};
     st.push_back(std::move(s));
   }
-  const std::vector<std::byte> bytes = data::safetensors_bytes(st, {{"format", kFormat}, {"step", std::to_string(step)}});
+  const std::vector<std::byte> bytes =
+      data::safetensors_bytes(st, {{"format", kCheckpointFormat}, {"step", std::to_string(step)}});
   const std::string dir = run_dir + "/checkpoints";
   const std::string base = step_name(step);
   data::write_file_atomic(dir + "/" + base + ".safetensors", bytes, "save_checkpoint");
 
   nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
-  m["format"] = kFormat;
+  m["format"] = kCheckpointFormat;
   m["step"] = step;
   m["safetensors"] = base + ".safetensors";
   m["bytes"] = bytes.size();
@@ -154,13 +135,12 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
   Checkpoint c;
   c.path = meta_path;
-  c.meta = read_json(meta_path);
-  const auto format = meta_field<std::string>(c.meta, "format", meta_path);
-  STRATA_CHECK(format == kFormat, "checkpoint '", meta_path, "': format '", format, "' (expected ", kFormat, ")");
-  c.step = meta_field<int64_t>(c.meta, "step", meta_path);
-  const auto file = folder_of(meta_path) + "/" + meta_field<std::string>(c.meta, "safetensors", meta_path);
-  const auto size = meta_field<uint64_t>(c.meta, "bytes", meta_path);
-  const auto sha = meta_field<std::string>(c.meta, "sha256", meta_path);
+  CheckpointMeta m = parse_checkpoint_meta(data::read_file(meta_path, "load_checkpoint"), meta_path);
+  c.meta = std::move(m.json);
+  c.step = m.step;
+  const std::string file = folder_of(meta_path) + "/" + m.safetensors;
+  const uint64_t size = m.bytes;
+  const std::string& sha = m.sha256;
 
   // Size and sha256 first (streamed), then the tensors from a mapping: the file is never held twice
   // in memory (a checkpoint with AdamW state is 3x the model).

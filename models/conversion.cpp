@@ -24,15 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string layers_label(const std::vector<int64_t>& layers) {
-  std::string s;
-  for (int64_t l : layers) {
-    if (!s.empty()) s += ',';
-    s += std::to_string(l);
-  }
-  return s;
-}
-
 // Checks what needs no model or data (run before any is loaded).
 void check_config(const char* where, const ConversionConfig& cfg) {
   const bool softmax_first =
@@ -142,46 +133,6 @@ void set_targets(ConversionReport& r, const std::vector<int64_t>& long_lengths) 
 }
 
 }  // namespace
-
-std::string ConversionMethod::label() const {
-  return layers.empty() ? spec_text : spec_text + "@" + layers_label(layers);
-}
-
-ConversionMethod parse_conversion_method(const std::string& text) {
-  const char* where = "parse_conversion_method";
-  ConversionMethod m;
-  const size_t at = text.find('@');
-  m.spec_text = text.substr(0, at);
-  m.spec = parse_attention_spec(m.spec_text);  // throws with the spec's own message
-  if (at == std::string::npos) return m;
-  std::stringstream ss(text.substr(at + 1));
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    int64_t l = -1;
-    try {
-      l = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    STRATA_CHECK_ARG(used == item.size() && !item.empty() && l >= 0, where, "layers",
-                     cat("layers after '@' as comma-separated integers >= 0 in \"", text, "\""),
-                     cat("\"", item, "\""));
-    m.layers.push_back(l);
-  }
-  STRATA_CHECK_ARG(!m.layers.empty(), where, "layers", cat("at least one layer after '@' in \"", text, "\""), "none");
-  return m;
-}
-
-ConversionMethod parse_conversion_method(const std::string& text, const std::vector<int64_t>& layers) {
-  ConversionMethod m = parse_conversion_method(text);
-  if (layers.empty()) return m;
-  STRATA_CHECK_ARG(m.layers.empty(), "parse_conversion_method", "layers",
-                   cat("the layers either after '@' in the spec or apart, not both (spec \"", text, "\")"),
-                   cat(layers.size(), " layers given apart"));
-  m.layers = layers;
-  return m;
-}
 
 std::vector<ConversionMethod> default_conversion_methods() {
   std::vector<ConversionMethod> out;

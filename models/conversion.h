@@ -19,19 +19,7 @@
 
 namespace strata::models {
 
-// One row: a method spec with the layers it replaces, "<spec>[@<layer>,<layer>...]", e.g.
-// "monarch:T=2,B=8@3,4,5" (no @: every layer). Parsed once, by parse_conversion_method.
-struct ConversionMethod {
-  std::string spec_text;        // the spec as written (the row's label)
-  AttentionSpec spec;           // parse_attention_spec(spec_text)
-  std::vector<int64_t> layers;  // empty: all
-  std::string label() const;    // spec_text[@layers]
-};
-// Throws strata::Error naming the bad part (the spec's own message, or the layer list's).
-ConversionMethod parse_conversion_method(const std::string& text);
-// The same with the layers given apart (`strata embed --layers`, strata.SentenceEncoder's
-// layers): `layers` empty keeps text's own (@..., or all); else text must have no '@'.
-ConversionMethod parse_conversion_method(const std::string& text, const std::vector<int64_t>& layers);
+// ConversionMethod and parse_conversion_method (a row's "<spec>[@<layer>,...]"): models/attention_spec.h.
 
 // all-MiniLM-L6-v2 from model_dir ("" = data::find_minilm_dir(); strata::Error saying how to
 // install it when missing) with `method` applied: the model a conversion row embeds with

@@ -195,6 +195,15 @@ void check_same_config(const TrainConfig& c, const Checkpoint& ck) {
   throw Error("resume: the config differs from the checkpoint's (" + ck.path + ")");
 }
 
+// A non-negative count the trainer wrote into the metadata (0 when absent: older checkpoints).
+double meta_number(const Checkpoint& ck, const char* key) {
+  if (!ck.meta.contains(key)) return 0;
+  const nlohmann::json& v = ck.meta.at(key);
+  STRATA_CHECK(v.is_number() && v.get<double>() >= 0, "checkpoint '", ck.path, "': metadata '", key,
+               "' is ", v.dump(), " (expected a number >= 0)");
+  return v.get<double>();
+}
+
 }  // namespace
 
 TrainConfig checkpoint_config(const Checkpoint& ck) {
@@ -237,8 +246,8 @@ RunSummary train(const TrainConfig& c, const RunOptions& opt) {
     load_model_state(model, ck);
     load_optimizer_state(model, *optimizer, ck);
     start = ck.step;
-    flops_done = ck.meta.value("train_flops", 0.0);
-    tokens_done = ck.meta.value("train_tokens", int64_t(0));
+    flops_done = meta_number(ck, "train_flops");
+    tokens_done = int64_t(meta_number(ck, "train_tokens"));
     cut_csv(train_csv, start);
     cut_csv(eval_csv, start);
     cut_jsonl(jsonl, start);

@@ -13,7 +13,7 @@ PY="${PYTHON:-python3}"
 APT_PKGS=(g++ cmake ninja-build ccache pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
           libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libutf8proc-dev libhwy-dev
-          bible-kjv)
+          clang libclang-rt-dev bible-kjv)  # clang + its runtimes: the libFuzzer targets (scripts/fuzz.sh)
 PIP_PKGS=("torch==$TORCH_VERSION" "numpy" "pytest" "matplotlib")
 
 log() { printf '[setup] %s\n' "$*" >&2; }

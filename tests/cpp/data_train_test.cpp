@@ -120,6 +120,13 @@ TEST(DataTrainChars, LinesWithOtherCharactersAreDropped) {
   EXPECT_EQ(sd::decode_chars(all), "keep me\nalso kept\nend");  // 21 ids
   EXPECT_EQ(c.val.size(), 5u);                                   // floor(21 * 0.25): the last 5
   EXPECT_EQ(sd::decode_chars(std::vector<int64_t>(c.val.begin(), c.val.end())), "t\nend");
+  // A stray UTF-8 continuation byte (0x99 with no lead byte) drops its line as one character; it
+  // was kept as id 255, past the vocabulary (tests/fuzz/char_corpus_fuzz's first finding).
+  const sd::CharCorpus stray = sd::make_char_corpus("stray", "keep me\nsp\x99" "ak\nalso kept\nend", 0.25);
+  EXPECT_EQ(stray.dropped_lines, 1);
+  EXPECT_EQ(stray.dropped_chars, 1);
+  for (const auto* split : {&stray.train, &stray.val})
+    for (uint8_t id : *split) EXPECT_LT(id, sd::CharCorpus::kVocab);
   // CRLF: every line holds '\r', nothing is left: a clear error, not an empty corpus.
   expect_error([] { sd::make_char_corpus("crlf", "a\r\nb\r\n", 0.1); },
                {"'crlf'", "dropping 2 of 2 lines", "byte 0x0d on line 1"});
