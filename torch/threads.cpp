@@ -60,10 +60,10 @@ void run_with_bad_env(int, void (*)(void*, int), void*) {
   throw Error("strata: STRATA_THREAD_POOL changed after the library loaded; call set_thread_pool");
 }
 
-// STRATA_THREAD_POOL, read once when the library loads (before any region can run); default "own".
+// STRATA_THREAD_POOL, read once when the library loads (before any region can run); default "torch".
 [[maybe_unused]] const bool g_installed = [] {
   const char* env = std::getenv("STRATA_THREAD_POOL");
-  const std::string name = env ? env : "own";  // opt in to "torch": see threads.h
+  const std::string name = env ? env : "torch";  // see threads.h: the stress run that settled it
   const bool valid = name == "torch" || name == "own";
   strata::set_region_runner(valid ? runner_for(name, "strata", "STRATA_THREAD_POOL") : &run_with_bad_env);
   return true;

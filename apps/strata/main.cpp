@@ -66,8 +66,8 @@ int run_info(const InfoOptions& o) {
 
 namespace {
 
-// Only with strata's own pool (STRATA_THREAD_POOL=own, the default; strata/torch/threads.h: with
-// `torch` strata's regions run on torch's own threads and nothing here is needed). Torch's OpenMP threads (libgomp) spin for a
+// Only with strata's own pool (STRATA_THREAD_POOL=own; strata/torch/threads.h: with `torch`, the
+// default, strata's regions run on torch's own threads and nothing here is needed). Torch's OpenMP threads (libgomp) spin for a
 // while after every parallel region; strata's own pool sleeps. When a torch op runs just before
 // one of ours (a peer in a benchmark, the projections around attention in a model) the spinning
 // threads take the cores our workers need: measured, an MLR decode step went from 1.1 to 3.3 ms

@@ -210,8 +210,7 @@ def set_thread_pool(name: str) -> None:
     Args:
         name: ``"torch"``: torch's own intra-op threads, so strata and torch share one team of
             threads; a region then uses min(``info()["threads"]``, ``torch.get_num_threads()``)
-            threads. ``"own"`` (the default for now: one CI run saw a wrong Monarch result on
-            torch's threads that is not explained yet): strata's own pool, whose workers sleep
+            threads (the default). ``"own"``: strata's own pool, whose workers sleep
             between regions; torch's OpenMP workers spin for a while after every torch op
             (libgomp's default policy) and then take the cores from it: with ``"own"``, set
             ``OMP_WAIT_POLICY=PASSIVE`` before torch is imported. The environment variable

@@ -71,9 +71,9 @@ struct Scope {
   std::string saved;
 };
 
-TEST(TorchThreads, DefaultIsStrataOwnPool) {
+TEST(TorchThreads, DefaultIsTorchsThreads) {
   if (std::getenv("STRATA_THREAD_POOL") != nullptr) GTEST_SKIP() << "STRATA_THREAD_POOL is set";
-  EXPECT_EQ(strata::torch::thread_pool(), "own");
+  EXPECT_EQ(strata::torch::thread_pool(), "torch");
 }
 
 TEST(TorchThreads, RegionsRunOnTorchsThreads) {

@@ -1,5 +1,5 @@
-"""Where strata's parallel regions run (strata.thread_pool / set_thread_pool): strata's own pool by
-default, torch's own threads on request; results do not depend on it; bad names are clear errors; the
+"""Where strata's parallel regions run (strata.thread_pool / set_thread_pool): torch's own threads by
+default, strata's own pool on request; results do not depend on it; bad names are clear errors; the
 environment variable STRATA_THREAD_POOL sets the default (checked in a fresh interpreter)."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def restore_pool():
     strata.set_thread_pool(saved)
 
 
-def test_default_is_strata_own_pool():
+def test_default_is_torchs_threads():
     if "STRATA_THREAD_POOL" in os.environ:
         pytest.skip("STRATA_THREAD_POOL is set")
-    assert strata.thread_pool() == "own"
-    assert strata.info()["thread_pool"] == "own"
+    assert strata.thread_pool() == "torch"
+    assert strata.info()["thread_pool"] == "torch"
 
 
 def test_switch_and_results_do_not_depend_on_it(restore_pool):
