@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds strata in build/<config> (release | asan). Needs scripts/setup.sh first.
-# Usage: scripts/build.sh [release|asan] [extra cmake args...]   (STRATA_BUILD_DIR overrides build/<config>)
+# Usage: scripts/build.sh [release|asan] [extra cmake args...]   (STRATA_BUILD_DIR overrides build/<config>,
+# STRATA_BUILD_TARGETS limits what is built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG="${1:-release}"; shift || true
@@ -20,4 +21,6 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 BUILD_DIR="${STRATA_BUILD_DIR:-build/$CONFIG}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
   -DPython3_EXECUTABLE="$VENV/bin/python" "${ARGS[@]}" "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "${STRATA_BUILD_JOBS:-$(nproc)}"
+# STRATA_BUILD_TARGETS="a b": only those targets and what they need (the demo builds only `strata`).
+TARGETS=(); for t in ${STRATA_BUILD_TARGETS:-}; do TARGETS+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "${STRATA_BUILD_JOBS:-$(nproc)}" "${TARGETS[@]}"

@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
 bash scripts/setup_encoder.sh >/dev/null  # the pretrained encoder of the conversion section (PyPI)
-bash scripts/build.sh release
+STRATA_BUILD_TARGETS=strata bash scripts/build.sh release  # the CLI and its libraries, not the tests
 exec build/release/strata demo "$@"

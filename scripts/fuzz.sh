@@ -5,10 +5,11 @@
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]   (default 600 s each, every target)
 # First every committed seed and regression input runs once (tests/fuzz/corpus/<t>, regressions/<t>);
 # then each target fuzzes for the budget from a working corpus kept outside the clone
-# ($STRATA_HOME/fuzz/<t>, grown across runs). A finding (crash, sanitizer report, uncaught
-# non-strata exception, failed property, hang > 10 s, > 2 GB) stops with exit status 1; the input is
-# saved to $STRATA_HOME/fuzz/findings/ and the command that replays it is printed: fix it and commit
-# the input as tests/fuzz/regressions/<t>/<name>. scripts/test.sh runs this with 8 s per target.
+# ($STRATA_FUZZ_DIR/<t>, default $STRATA_HOME/fuzz/<t>, grown across runs). A finding (crash,
+# sanitizer report, uncaught non-strata exception, failed property, hang > 10 s, > 2 GB) makes the
+# script exit 1 after the other targets; the input is saved to the findings/ folder there and the
+# command that replays it is printed: fix it and commit the input as tests/fuzz/regressions/<t>/.
+# scripts/test.sh runs this with 8 s per target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-600}"; shift || true
@@ -28,14 +29,15 @@ LAUNCHER=(); command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUN
 cmake -S tests/fuzz -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${LAUNCHER[@]}" >/dev/null
 cmake --build "$BUILD" -j "${STRATA_BUILD_JOBS:-$(nproc)}" >/dev/null
 
-FINDINGS="$HOME_DIR/fuzz/findings"; mkdir -p "$FINDINGS"
+WORK="${STRATA_FUZZ_DIR:-$HOME_DIR/fuzz}"
+FINDINGS="$WORK/findings"; mkdir -p "$FINDINGS"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 status=0
 for t in "${TARGETS[@]}"; do
-  bin="$BUILD/${t}_fuzz" seeds="tests/fuzz/corpus/$t" regress="tests/fuzz/regressions/$t" work="$HOME_DIR/fuzz/$t"
+  bin="$BUILD/${t}_fuzz" seeds="tests/fuzz/corpus/$t" regress="tests/fuzz/regressions/$t" work="$WORK/$t"
   mkdir -p "$work"
   dirs=("$seeds"); [ -d "$regress" ] && dirs+=("$regress")
-  log="$HOME_DIR/fuzz/$t.log"
+  log="$WORK/$t.log"
   # The committed inputs once each (a regression comes back as a failure here, before any fuzzing).
   if ! "$bin" -runs=0 "${dirs[@]}" >"$log" 2>&1; then
     echo "[fuzz] $t: FAILED on a committed input (log: $log)"; tail -n 30 "$log" >&2; status=1; continue
