@@ -1,6 +1,9 @@
 // models/checkpoint_meta.cpp: see checkpoint_meta.h.
 #include "models/checkpoint_meta.h"
 
+#include <cstdint>
+#include <type_traits>
+
 #include "strata/error.h"
 
 namespace strata::models {
@@ -9,6 +12,18 @@ namespace {
 template <typename T>
 T meta_field(const nlohmann::json& j, const char* key, const std::string& path) {
   STRATA_CHECK(j.contains(key), "checkpoint '", path, "': metadata has no '", key, "'");
+  if constexpr (std::is_integral_v<T>) {
+    // An integer field must be an integer literal in T's range: nlohmann's get<T> casts a float
+    // (5.9e69 -> uint64 is undefined behaviour, found by the checkpoint_meta fuzzer) and wraps an
+    // unsigned literal past INT64_MAX.
+    const nlohmann::json& v = j.at(key);
+    const bool fits = std::is_unsigned_v<T> ? v.is_number_unsigned()
+                                            : (v.is_number_integer() && (!v.is_number_unsigned() ||
+                                                                         v.get<uint64_t>() <= uint64_t(INT64_MAX)));
+    if (!fits)
+      throw Error("checkpoint '" + path + "': metadata '" + key + "' is " + v.dump() + " (expected " +
+                  (std::is_unsigned_v<T> ? "an integer >= 0" : "an integer") + " that fits in 64 bits)");
+  }
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {

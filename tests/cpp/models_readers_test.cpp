@@ -41,8 +41,15 @@ TEST(ModelsReaders, CheckpointMetaErrorsNameTheFileAndField) {
   bad("[1, 2]", {"checkpoint 'm.json'", "not a JSON object", "array"});
   bad("{}", {"metadata has no 'format'"});
   bad(R"({"format": "other/1"})", {"format 'other/1'", "strata-checkpoint/1"});
-  bad(R"({"format": "strata-checkpoint/1", "step": "3"})", {"metadata 'step' has the wrong type"});
+  bad(R"({"format": "strata-checkpoint/1", "step": "3"})", {"metadata 'step' is \"3\"", "an integer"});
   bad(meta("x.safetensors", "-1"), {"'step' is -1", ">= 0"});
+  // Integers are integer literals in range (a float was cast: 5.9e69 -> uint64 is undefined
+  // behaviour under UBSan; 10.5 was read as 10; 2^63 wrapped to a negative step).
+  bad(meta("x.safetensors", "10.5"), {"metadata 'step' is 10.5", "an integer"});
+  bad(meta("x.safetensors", "9223372036854775808"), {"metadata 'step'", "fits in 64 bits"});
+  std::string huge = meta("x.safetensors");
+  huge.replace(huge.find("\"bytes\": 10"), 11, "\"bytes\": 5.9e69");
+  bad(huge, {"metadata 'bytes' is 5.9e+69", "an integer >= 0"});
   // The tensor file stays in the metadata's folder (a path in it would read any file).
   bad(meta("../../etc/passwd"), {"metadata 'safetensors'", "../../etc/passwd", "file name"});
   bad(meta(".."), {"metadata 'safetensors'"});
