@@ -17,10 +17,9 @@ T meta_field(const nlohmann::json& j, const char* key, const std::string& path) 
     // (5.9e69 -> uint64 is undefined behaviour, found by the checkpoint_meta fuzzer) and wraps an
     // unsigned literal past INT64_MAX.
     const nlohmann::json& v = j.at(key);
-    const bool fits = std::is_unsigned_v<T> ? v.is_number_unsigned()
-                                            : (v.is_number_integer() && (!v.is_number_unsigned() ||
-                                                                         v.get<uint64_t>() <= uint64_t(INT64_MAX)));
-    if (!fits)
+    const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX);
+    const bool fits = std::is_unsigned_v<T> ? v.is_number_unsigned() : v.is_number_integer() && !too_big;
+    if (v.is_number() && !fits)  // other types: the wrong-type error below
       throw Error("checkpoint '" + path + "': metadata '" + key + "' is " + v.dump() + " (expected " +
                   (std::is_unsigned_v<T> ? "an integer >= 0" : "an integer") + " that fits in 64 bits)");
   }
