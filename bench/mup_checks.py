@@ -36,7 +36,7 @@ class RolesGPT(peer_train.GPT):
     """The peer GPT with strata's muP roles declared (models/decoder.cpp's)."""
 
     def mup_roles(self):
-        roles = {"head.weight": MupRole.output(self.head.in_features)}
+        roles = {"head.weight": MupRole.readout(self.head.in_features), "pos_emb.weight": MupRole.position()}
         if self.read_in is not None:
             roles["read_in.weight"] = MupRole.input(self.read_in.in_features)
         for i, b in enumerate(self.blocks):

@@ -10,11 +10,15 @@ the library is importable.
 
 Parameterisations (--param):
   sp   PyTorch's own initialisation of every module (nn.Linear: U(+-1/sqrt(fan_in)); nn.Embedding:
-       N(0, 1)) and one learning rate for every parameter: what a plain PyTorch user writes.
-  mup  the reference's muP table (structured-attention.md section 6, src/muP.py): embeddings, the
-       position table and the ICR read-in N(0, 0.02^2) at lr eta; q/k/v and MLP-in N(0, 1/fan_in) at
-       lr eta * base / fan_in; attention / MLP out-projections, LM head and read-out zero at
-       eta * base / fan_in; LayerNorm weights 1 at eta.
+       N(0, 1)) and one learning rate for every parameter: what a plain PyTorch user writes; the
+       position table zero, as a bare nn.Parameter(torch.zeros(T, D)) (nn.Embedding's N(0, 1) rows
+       drown the ICR read-in's signal, std about 0.2, and nothing was learned: issue 45).
+  mup  strata's muP table (torch/include/strata/torch/mup.h): token embedding and the ICR read-in
+       N(0, 0.02^2) at lr eta, the position table zero at eta; q/k/v, MLP-in and the attention / MLP
+       out-projections N(0, 1/fan_in) at lr eta * base / fan_in; the readout (LM head, ICR read-out)
+       N(0, 1/fan_in^2) at eta * base / fan_in; LayerNorm weights 1 at eta. --zero-init 1: the
+       reference's zero out-projections and readout (structured-attention.md section 6), which
+       stall a 64-wide model (issue 45).
 
   python bench/peer_train.py icr --dim 8 --width 64 --heads 4 --layers 4 --steps 1500 --param sp
   python bench/peer_train.py charlm --width 64 --layers 4 --heads 1 --context 256 --steps 340
@@ -198,8 +202,9 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def mup_table(model: GPT):
-    """name -> (init, fan_in for the lr or None): the reference's muP table (see the module doc)."""
+def mup_table(model: GPT, zero_init: bool):
+    """name -> (init, fan_in for the lr or None): strata's muP table (see the module doc); zero_init:
+    the reference's zero out-projections and readout instead."""
     table = {}
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
@@ -207,32 +212,40 @@ def mup_table(model: GPT):
             table[name] = ("zero", None)                      # biases: zero, lr eta
         elif p.dim() == 1:
             table[name] = ("ones", None)                      # LayerNorm weights
-        elif leaf in ("tok_emb", "pos_emb", "read_in"):
+        elif leaf == "pos_emb":
+            table[name] = ("zero", None)                      # position table: zero, lr eta
+        elif leaf in ("tok_emb", "read_in"):
             table[name] = ("emb", None)                       # N(0, 0.02^2), lr eta
-        elif leaf in ("out_proj", "proj", "head"):
-            table[name] = ("zero", p.shape[1])                # zero, lr eta base / fan_in
+        elif leaf == "head":
+            table[name] = ("zero" if zero_init else "readout", p.shape[1])  # N(0, 1/fan_in^2)
+        elif leaf in ("out_proj", "proj"):
+            table[name] = ("zero" if zero_init else "fan_in", p.shape[1])
         else:
             table[name] = ("fan_in", p.shape[1])              # q/k/v, MLP fc
     return table
 
 
-def make_optimizer(model: GPT, param: str, lr: float, base: float, eps: float, gen: torch.Generator):
-    if param == "sp":
-        return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=eps, weight_decay=0.0)
+def make_optimizer(model: GPT, a, gen: torch.Generator):
+    if a.param == "sp":
+        with torch.no_grad():
+            model.pos_emb.weight.zero_()  # as a bare nn.Parameter(torch.zeros(T, D)): see the module doc
+        return torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=a.eps, weight_decay=0.0)
     groups = []
     with torch.no_grad():
         for name, p in model.named_parameters():
-            init, fan_in = mup_table(model)[name]
+            init, fan_in = mup_table(model, bool(a.zero_init))[name]
             if init == "ones":
                 p.fill_(1.0)
             elif init == "zero":
                 p.zero_()
             elif init == "emb":
                 p.normal_(0.0, 0.02, generator=gen)
+            elif init == "readout":
+                p.normal_(0.0, 1.0 / fan_in, generator=gen)
             else:
                 p.normal_(0.0, fan_in**-0.5, generator=gen)
-            groups.append({"params": [p], "lr": lr * (base / fan_in if fan_in else 1.0), "name": name})
-    return torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=eps, weight_decay=0.0)
+            groups.append({"params": [p], "lr": a.lr * (a.base_width / fan_in if fan_in else 1.0), "name": name})
+    return torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=a.eps, weight_decay=0.0)
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -258,7 +271,7 @@ def run(a, curve_out: list | None = None) -> list[dict]:
     else:
         train, val = load_char_splits(char_corpus_path(a.corpus))
         model = GPT(96, 0, a.width, a.layers, a.heads, a.context, a.qk_ln, a.scale_value, bool(a.bias))
-    opt = make_optimizer(model, a.param, a.lr, a.base_width, a.eps, gen)
+    opt = make_optimizer(model, a, gen)
     base_lrs = [g["lr"] for g in opt.param_groups]
 
     def icr_loss(active, points, batch, seed, step, micro):
@@ -338,6 +351,8 @@ def parse(argv=None):
     p.add_argument("--scale", choices=["1/sqrt(d)", "8/d"], default="1/sqrt(d)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--base-width", type=float, default=128, help="mup: lr eta * base / fan_in for matrices")
+    p.add_argument("--zero-init", type=int, default=0,
+                   help="mup: zero out-projections and readout (1, the reference's) or not (0)")
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--clip", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=1500)

@@ -188,7 +188,8 @@ int64_t DecoderImpl::non_embedding_params() const {
 }
 
 std::vector<std::pair<std::string, MupRole>> DecoderImpl::mup_roles() const {
-  std::vector<std::pair<std::string, MupRole>> roles{{"head.weight", MupRole::output(config.width)}};
+  std::vector<std::pair<std::string, MupRole>> roles{{"head.weight", MupRole::readout(config.width)},
+                                                     {"pos_emb.weight", MupRole::position()}};
   // The read-in maps the data's features, not the width: an input matrix (the reference's "fan_in 1",
   // N(0, 0.02^2), lr eta). As a hidden matrix it drew N(0, 1/d) at lr eta * base / d, 48-192x the
   // reference's lr at d = 4..16 (issue 45).

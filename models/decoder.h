@@ -15,9 +15,10 @@
 // the attention output and the MLP output, as ref's drop / resid_dropout / MLP dropout.
 //
 // Init (the constructor, through strata::torch::mup_init_ with torch's default generator: seed it
-// with torch::manual_seed first): embeddings N(0, 0.02^2), q/k/v, MLP fc and read-in N(0, 1/fan_in),
-// the attention out projections, MLP proj and the head / read-out ZERO, LN weights 1, biases 0,
-// structured cores by their modules' rules. Every parameter has a declared muP role, so
+// with torch::manual_seed first): token embedding and read-in N(0, 0.02^2), the position table 0,
+// q/k/v, MLP fc, the attention out projections and MLP proj N(0, 1/fan_in), the head / read-out
+// N(0, 1/width^2), LN weights 1, biases 0, structured cores by their modules' rules (the trainer
+// re-initialises by train.param and train.zero_init). Every parameter has a declared muP role, so
 // strata::torch::mup_param_groups / mup_adamw work on the whole model.
 #pragma once
 #include <ATen/ATen.h>

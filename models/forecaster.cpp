@@ -119,7 +119,7 @@ double ForecasterImpl::forward_flops() const {
 }
 
 std::vector<std::pair<std::string, MupRole>> ForecasterImpl::mup_roles() const {
-  return {{"head.weight", MupRole::output(tokens() * config.width)}};
+  return {{"head.weight", MupRole::readout(tokens() * config.width)}, {"pos_emb.weight", MupRole::position()}};
 }
 
 }  // namespace strata::models

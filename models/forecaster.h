@@ -18,8 +18,8 @@
 // Encoder blocks: the decoder's pre-LN blocks (models/decoder.h BlockImpl), non-causal, MLP hidden
 // `ffn`, GELU (PatchTST uses post-norm BatchNorm; pre-LN keeps one block for both models).
 // MLR's blocks: the token count rounded up to a multiple of 2^(levels-1) (layer_attention.h).
-// Init: strata::torch::mup_init_ (embed N(0, 1/fan_in), pos_emb N(0, 0.02^2), attention out / MLP
-// proj / head zero), every parameter with a declared muP role.
+// Init: strata::torch::mup_init_ (embed N(0, 1/fan_in), pos_emb 0, attention out / MLP proj
+// N(0, 1/fan_in), head N(0, 1/fan_in^2)), every parameter with a declared muP role.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>

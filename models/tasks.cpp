@@ -54,7 +54,7 @@ DecoderConfig decoder_config(const TrainConfig& c) {
 void init_parameters(::torch::nn::Module& m, const TrainConfig& c, const at::Device& device) {
   at::Generator gen = at::detail::createCPUGenerator(uint64_t(c.seed));
   strata::torch::init_(m, c.train.param == "sp" ? strata::torch::Parameterization::sp : strata::torch::Parameterization::mup,
-                       gen);
+                       gen, strata::torch::MupInit{c.train.zero_init});
   m.to(device);
 }
 

@@ -110,6 +110,7 @@ std::vector<Field> fields(TrainConfig& c) {
        [](const TrainConfig& x) { return x.train.min_lr_ratio >= 0 && x.train.min_lr_ratio <= 1 ? "" : "a number in [0, 1]"; }},
       {"train.clip", &t.clip, [](const TrainConfig& x) { return x.train.clip >= 0 ? "" : "a number >= 0 (0 = no clipping)"; }},
       {"train.param", &t.param, [](const TrainConfig& x) { return one_of(x.train.param, {"mup", "sp"}); }},
+      {"train.zero_init", &t.zero_init, nullptr},
       {"train.base_width", &t.base_width, [](const TrainConfig& x) { return x.train.base_width > 0 ? "" : "a number > 0"; }},
       {"train.weight_decay", &t.weight_decay, [](const TrainConfig& x) { return x.train.weight_decay >= 0 ? "" : "a number >= 0"; }},
       {"train.beta1", &t.beta1, [](const TrainConfig& x) { return x.train.beta1 >= 0 && x.train.beta1 < 1 ? "" : "a number in [0, 1)"; }},

@@ -56,6 +56,9 @@ struct TrainLoopConfig {
   // strata/torch/mup.h); "sp": the standard parameterisation, PyTorch's own init and lr for every
   // parameter. (The old key train.mup = true | false is read as "mup" | "sp".)
   std::string param = "mup";
+  // mup: the reference's zero output projections and readout (true) or muP's random ones (false:
+  // zero ones stalled 64-wide models, strata/torch/mup.h).
+  bool zero_init = false;
   double base_width = 128, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-20;
   int64_t eval_every = 100, eval_batches = 8;   // eval_batches: batches of `batch` per evaluation (0 = the whole split)
   int64_t log_every = 10, checkpoint_every = 100, keep_checkpoints = 2;

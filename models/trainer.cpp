@@ -146,7 +146,11 @@ void cut_jsonl(const std::string& path, int64_t step) {
   while (std::getline(f, line)) {
     try {
       const auto j = nlohmann::json::parse(line);
-      if (j.at("step").get<int64_t>() <= step) out += line + "\n";
+      // Only an integer step is ours: get<int64_t> of a float casts it, undefined out of range.
+      const auto& s = j.at("step");
+      const bool kept = s.is_number_unsigned() ? step >= 0 && s.get<uint64_t>() <= uint64_t(step)
+                                               : s.is_number_integer() && s.get<int64_t>() <= step;
+      if (kept) out += line + "\n";
     } catch (const std::exception&) {  // torn by a kill: dropped
     }
   }

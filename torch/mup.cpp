@@ -24,6 +24,8 @@ const char* mup_kind_name(MupKind k) {
       return "hidden";
     case MupKind::Output:
       return "output";
+    case MupKind::Readout:
+      return "readout";
     case MupKind::StructuredCore:
       return "structured_core";
     case MupKind::Gain:
@@ -32,6 +34,8 @@ const char* mup_kind_name(MupKind k) {
       return "bias";
     case MupKind::Embedding:
       return "embedding";
+    case MupKind::Position:
+      return "position";
     case MupKind::Input:
       return "input";
   }
@@ -41,7 +45,10 @@ const char* mup_kind_name(MupKind k) {
 double MupRole::resolved_std() const {
   switch (kind) {
     case MupKind::Hidden:
+    case MupKind::Output:
       return 1.0 / std::sqrt(double(fan_in));
+    case MupKind::Readout:
+      return 1.0 / double(fan_in);
     case MupKind::StructuredCore:
       return init_std > 0 ? init_std : 1.0 / std::sqrt(double(fan_in));
     case MupKind::Embedding:
@@ -123,11 +130,16 @@ std::vector<MupParam> mup_params(const ::torch::nn::Module& model) {
   return out;
 }
 
-void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
+void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen, MupInit opt) {
   ::torch::NoGradGuard no_grad;
   for (MupParam& mp : mup_params(model)) {
     switch (mp.role.kind) {
       case MupKind::Output:
+      case MupKind::Readout:
+        if (opt.zero_outputs) mp.param.zero_();
+        else mp.param.normal_(0.0, mp.role.resolved_std(), gen);
+        break;
+      case MupKind::Position:
       case MupKind::Bias:
         mp.param.zero_();
         break;
@@ -147,6 +159,7 @@ void sp_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
     switch (mp.role.kind) {
       case MupKind::Hidden:
       case MupKind::Output:
+      case MupKind::Readout:
       case MupKind::Input:
         mp.param.uniform_(-bound, bound, gen);
         break;
@@ -159,6 +172,7 @@ void sp_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
       case MupKind::Gain:
         mp.param.fill_(1.0);
         break;
+      case MupKind::Position:
       case MupKind::Bias:
         mp.param.zero_();
         break;
@@ -166,9 +180,9 @@ void sp_init_(::torch::nn::Module& model, std::optional<at::Generator> gen) {
   }
 }
 
-void init_(::torch::nn::Module& model, Parameterization p, std::optional<at::Generator> gen) {
+void init_(::torch::nn::Module& model, Parameterization p, std::optional<at::Generator> gen, MupInit opt) {
   if (p == Parameterization::sp) sp_init_(model, gen);
-  else mup_init_(model, gen);
+  else mup_init_(model, gen, opt);
 }
 
 std::vector<MupParamGroup> mup_param_groups(const ::torch::nn::Module& model, double base_lr, const MupOptions& opt) {

@@ -10,19 +10,29 @@ matrix, and such models did not learn):
 role               init                                    lr
 =================  ======================================  =========================
 hidden(fan_in)     N(0, 1/fan_in) (q/k/v, MLP-in)          eta * base_width / fan_in
-output(fan_in)     0 (out-proj, MLP out-proj, LM head)     eta * base_width / fan_in
+output(fan_in)     N(0, 1/fan_in) (attention / MLP out-    eta * base_width / fan_in
+                   proj; 0 with zero_outputs)
+readout(fan_in)    N(0, 1/fan_in^2) (LM head, read-out;    eta * base_width / fan_in
+                   0 with zero_outputs)
 structured_core    N(0, std^2), std 1/sqrt(fan_in) unless  eta * base_width / fan_in
                    given (BTT and bilinear-MLR cores)
 gain               1 (LayerNorm weights)                   eta
 bias               0                                       eta
 embedding          N(0, 0.02^2)                            eta
+position           0 (a learned position table)            eta
 input(fan_in)      N(0, 0.02^2) (a read-in from data       eta (its fan_in is the data's
                    features: the reference's ICR read-in)  width, not the model's)
 =================  ======================================  =========================
 
+``mup_init_(model, zero_outputs=True)`` zero-initialises the output projections and the readout, as
+the reference does; at width 64 that stalled in-context regression at the zero predictor's error
+for 1,500 steps, where random ones learn (issue 45). Position tables start at 0 in both
+parameterisations: random rows (``nn.Embedding``'s N(0, 1)) drowned the ICR read-in's signal.
+
 :func:`sp_init_` is the standard parameterisation beside it: PyTorch's own init per role (every
 matrix but a structured core as ``nn.Linear``, U(+-1/sqrt(fan_in)); embeddings as ``nn.Embedding``,
-N(0, 1); gains 1, biases 0; structured cores as muP), trained with one learning rate.
+N(0, 1); gains 1, biases 0; structured cores as muP; position tables 0), trained with one
+learning rate.
 
 The optimizer is AdamW with betas (0.9, 0.95), eps 1e-20 (sic, the reference's) and weight decay
 0 (when given, it applies to parameters of >= 2 dims, as in the reference).
@@ -65,14 +75,14 @@ __all__ = [
     "rms_cap_sigma",
 ]
 
-_KINDS = ("hidden", "output", "structured_core", "gain", "bias", "embedding", "input")
-_MATRIX_KINDS = ("hidden", "output", "structured_core")
+_KINDS = ("hidden", "output", "readout", "structured_core", "gain", "bias", "embedding", "position", "input")
+_MATRIX_KINDS = ("hidden", "output", "readout", "structured_core")
 
 
 @dataclass(frozen=True)
 class MupRole:
-    """A parameter's muP role: ``kind`` (one of hidden, output, structured_core, gain, bias,
-    embedding), the matrix roles' ``fan_in``, and an init std (0: the rule's)."""
+    """A parameter's muP role: ``kind`` (one of hidden, output, readout, structured_core, gain,
+    bias, embedding, position, input), the matrix roles' ``fan_in``, and an init std (0: the rule's)."""
 
     kind: str
     fan_in: int = 1
@@ -94,6 +104,14 @@ class MupRole:
     @staticmethod
     def output(fan_in: int) -> "MupRole":
         return MupRole("output", fan_in)
+
+    @staticmethod
+    def readout(fan_in: int) -> "MupRole":
+        return MupRole("readout", fan_in)
+
+    @staticmethod
+    def position() -> "MupRole":
+        return MupRole("position")
 
     @staticmethod
     def structured_core(fan_in: int, std: float = 0.0) -> "MupRole":
@@ -121,8 +139,10 @@ class MupRole:
 
     def resolved_std(self) -> float:
         """The std of the normal init (0 for the constant inits)."""
-        if self.kind == "hidden":
+        if self.kind in ("hidden", "output"):
             return 1.0 / math.sqrt(self.fan_in)
+        if self.kind == "readout":
+            return 1.0 / self.fan_in
         if self.kind == "structured_core":
             return self.init_std if self.init_std > 0 else 1.0 / math.sqrt(self.fan_in)
         if self.kind in ("embedding", "input"):
@@ -189,10 +209,14 @@ def mup_params(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Parameter, Mu
 
 
 @torch.no_grad()
-def mup_init_(model: torch.nn.Module, generator: Optional[torch.Generator] = None) -> torch.nn.Module:
-    """Initialises every trainable parameter of model by its role, in place; returns model."""
+def mup_init_(model: torch.nn.Module, generator: Optional[torch.Generator] = None, *,
+              zero_outputs: bool = False) -> torch.nn.Module:
+    """Initialises every trainable parameter of model by its role, in place; returns model.
+    zero_outputs: the output projections and readout 0 (the reference's) instead of random."""
+    if not isinstance(zero_outputs, bool):
+        _check.fail("mup_init_", "zero_outputs", "a bool", repr(zero_outputs), TypeError)
     for _, p, role in mup_params(model):
-        if role.kind in ("output", "bias"):
+        if role.kind in ("position", "bias") or (zero_outputs and role.kind in ("output", "readout")):
             p.zero_()
         elif role.kind == "gain":
             p.fill_(1.0)
@@ -206,7 +230,7 @@ def sp_init_(model: torch.nn.Module, generator: Optional[torch.Generator] = None
     """The standard parameterisation's init, by role (the module docstring); in place; returns
     model. Train it with one learning rate (e.g. ``torch.optim.AdamW(model.parameters(), lr)``)."""
     for _, p, role in mup_params(model):
-        if role.kind in ("hidden", "output", "input"):
+        if role.kind in ("hidden", "output", "readout", "input"):
             bound = 1.0 / math.sqrt(role.fan_in)
             p.uniform_(-bound, bound, generator=generator)
         elif role.kind == "structured_core":

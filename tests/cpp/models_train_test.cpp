@@ -450,24 +450,27 @@ TEST(Models, MupRolesAndInit) {
     const std::string out = l == 2 ? b + "attn.btt.out_proj.weight" : l == 3 ? b + "attn.bmlr.out_proj.weight"
                                                                            : b + "attn.out_proj.weight";
     ASSERT_TRUE(by_name.count(out)) << out;
+    // Output projections: muP's hidden rule N(0, 1/fan_in) (4096 / 16384 draws: 5% is 4.5 sigma).
     EXPECT_EQ(by_name.at(out).role.kind, st::MupKind::Output) << out;
-    EXPECT_EQ(by_name.at(out).param.abs().max().item<double>(), 0.0) << out;
+    EXPECT_NEAR(by_name.at(out).param.std().item<double>(), 1.0 / 8, 0.125 * 0.05) << out;
     EXPECT_EQ(by_name.at(b + "mlp.proj.weight").role.kind, st::MupKind::Output);
     EXPECT_EQ(by_name.at(b + "mlp.proj.weight").role.fan_in, 256);
-    EXPECT_EQ(by_name.at(b + "mlp.proj.weight").param.abs().max().item<double>(), 0.0);
+    EXPECT_NEAR(by_name.at(b + "mlp.proj.weight").param.std().item<double>(), 1.0 / 16, 0.05 / 16);
     EXPECT_EQ(by_name.at(b + "ln1.weight").role.kind, st::MupKind::Gain);
     EXPECT_EQ(by_name.at(b + "ln1.bias").role.kind, st::MupKind::Bias);
   }
   EXPECT_EQ(by_name.at("blocks.0.attn.q_norm_weight").role.kind, st::MupKind::Gain);
   EXPECT_EQ(by_name.at("blocks.2.attn.btt.w_k").role.kind, st::MupKind::StructuredCore);
-  EXPECT_EQ(by_name.at("head.weight").role.kind, st::MupKind::Output);
-  EXPECT_EQ(lm->head->weight.abs().max().item<double>(), 0.0);
+  // The readout: muP's N(0, 1/fan_in^2) (6144 draws, 5%).
+  EXPECT_EQ(by_name.at("head.weight").role.kind, st::MupKind::Readout);
+  EXPECT_NEAR(lm->head->weight.std().item<double>(), 1.0 / 64, 0.05 / 64);
   EXPECT_FALSE(lm->head->bias.defined());  // the LM head never has a bias (ref's lm_head)
   // Draws: embeddings N(0, 0.02^2) (96 x 64 = 6144 draws: the sample std's relative standard
-  // error is 1/sqrt(2n) = 0.9%, so 5% is over 5 sigma), pos_emb (4096 draws, 8%), q_proj N(0, 1/64)
+  // error is 1/sqrt(2n) = 0.9%, so 5% is over 5 sigma), the position table 0, q_proj N(0, 1/64)
   // (4096 draws, 5%: 4.5 sigma).
   EXPECT_NEAR(lm->tok_emb->weight.std().item<double>(), 0.02, 0.02 * 0.05);
-  EXPECT_NEAR(lm->pos_emb->weight.std().item<double>(), 0.02, 0.02 * 0.08);
+  EXPECT_EQ(by_name.at("pos_emb.weight").role.kind, st::MupKind::Position);
+  EXPECT_EQ(lm->pos_emb->weight.abs().max().item<double>(), 0.0);
   EXPECT_NEAR(lm->block(0).attn->q_proj->weight.std().item<double>(), 1.0 / 8, 0.125 * 0.05);
   EXPECT_EQ(by_name.at("tok_emb.weight").role.kind, st::MupKind::Embedding);
   // Learning rates from the reference's table (src/muP.py: lr * base / fan_in for q/k/v, MLP-in,
@@ -491,14 +494,28 @@ TEST(Models, MupRolesAndInit) {
     ASSERT_TRUE(lr_of.count(name)) << name;
     EXPECT_DOUBLE_EQ(lr_of.at(name), lr) << name;
   }
+  // The reference's zero init (train.zero_init): every output projection and the readout 0.
+  st::mup_init_(*lm, std::nullopt, st::MupInit{/*zero_outputs=*/true});
+  for (const auto& [name, p] : by_name) {
+    if (p.role.kind == st::MupKind::Output || p.role.kind == st::MupKind::Readout) {
+      EXPECT_EQ(p.param.abs().max().item<double>(), 0.0) << name;
+    }
+  }
+  EXPECT_EQ(lm->block(0).attn->q_proj->weight.eq(0).sum().item<int64_t>(), 0);  // the rest drawn
   sm::Forecaster f(fc_config("patch", "mha|monarch"));
   EXPECT_EQ(st::mup_params(*f).size(), f->parameters().size());
+  EXPECT_EQ(f->pos_emb->weight.abs().max().item<double>(), 0.0);
+  st::mup_init_(*f, std::nullopt, st::MupInit{true});
   EXPECT_EQ(f->head->weight.abs().max().item<double>(), 0.0);
 }
 
 TEST(Models, RevinDenormalisesAZeroHead) {  // a fresh model predicts each channel's mean
   for (const char* kind : {"point", "patch"}) {
     sm::Forecaster f(fc_config(kind, "mha"));
+    {
+      at::NoGradGuard ng;
+      f->head->weight.zero_();
+    }
     f->eval();
     const at::Tensor x = at::randn({2, 16, 2}) * 3 + 5;
     const at::Tensor y = f(x);
@@ -536,10 +553,9 @@ TEST(Models, RegressionReadInAndReadOutRoles) {
   for (const auto& g : st::mup_param_groups(*reg, 1e-3))
     for (const auto& n : g.names) lr_of[n] = g.lr;
   EXPECT_DOUBLE_EQ(lr_of.at("read_in.weight"), 1e-3);
-  EXPECT_DOUBLE_EQ(lr_of.at("head.weight"), 1e-3 * 128 / 16);  // the read-out: an output matrix of fan_in = width
-  EXPECT_EQ(by_name.at("head.weight").role.kind, st::MupKind::Output);
+  EXPECT_DOUBLE_EQ(lr_of.at("head.weight"), 1e-3 * 128 / 16);  // the read-out: a readout of fan_in = width
+  EXPECT_EQ(by_name.at("head.weight").role.kind, st::MupKind::Readout);
   EXPECT_EQ(reg->head->weight.sizes(), (std::vector<int64_t>{1, 16}));
-  EXPECT_EQ(reg->head->weight.abs().max().item<double>(), 0.0);
   EXPECT_FALSE(reg->tok_emb);
   // Every parameter but the position embedding (context 16 x width 16) is non-embedding here.
   int64_t all = 0;

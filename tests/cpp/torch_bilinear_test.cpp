@@ -602,7 +602,7 @@ TEST(TorchMup, RmsCapAndItsGradient) {
   expect_error(message([] { st::rms_cap(at::randn({2, 2}), 0, 2); }), "rms_cap: argument 'd_in'");
 }
 
-// A small LM-like model: embeddings, the two bilinear layers, an MLP, an LN, a zero-init LM head
+// A small LM-like model: embeddings, the two bilinear layers, an MLP, an LN, an LM head (readout)
 // declared by the model itself, and a raw parameter declared as a gain.
 struct TinyLMImpl : ::torch::nn::Cloneable<TinyLMImpl>, st::MupDeclaring {
   static constexpr int64_t D = 64, V = 100;
@@ -625,7 +625,7 @@ struct TinyLMImpl : ::torch::nn::Cloneable<TinyLMImpl>, st::MupDeclaring {
   }
   std::vector<std::pair<std::string, st::MupRole>> mup_roles() const override {
     return {{"proj.weight", st::MupRole::output(4 * D)},
-            {"lm_head.weight", st::MupRole::output(D)},
+            {"lm_head.weight", st::MupRole::readout(D)},
             {"scale", st::MupRole::gain()}};
   }
   ::torch::nn::Embedding wte{nullptr};
@@ -659,13 +659,22 @@ TEST(TorchMup, RolesInitAndGroups) {
   EXPECT_EQ(kind("fc.bias"), "bias");
   EXPECT_EQ(kind("proj.weight"), "output");  // declared by the model over the Linear default
   EXPECT_EQ(roles.at("proj.weight").fan_in, 256);
-  EXPECT_EQ(kind("lm_head.weight"), "output");
+  EXPECT_EQ(kind("lm_head.weight"), "readout");
   EXPECT_EQ(kind("scale"), "gain");
 
   // Init statistics (a seeded generator; each tensor has >= 1024 entries, so the sample std is
-  // within 4.5 standard errors (1/sqrt(2n) <= 2.2%) of the rule's at 10%).
+  // within 4.5 standard errors (1/sqrt(2n) <= 2.2%) of the rule's at 10%). The stds are muP's
+  // table written out (hidden and output projections 1/sqrt(fan_in), readout 1/fan_in, tables
+  // 0.02), not read from the roles.
   auto gen = at::detail::createCPUGenerator(7);
   st::mup_init_(*model, gen);
+  const std::map<std::string, double> output_stds = {{"btt.out_proj.weight", 0.125},
+                                                     {"mlr.out_proj.weight", 0.125},
+                                                     {"proj.weight", 1 / 16.0},
+                                                     {"lm_head.weight", 1 / 64.0}};
+  for (const auto& [n, sd] : output_stds)
+    EXPECT_NEAR(model->named_parameters()[n].std().item<double>(), sd, 0.1 * sd) << n;
+  st::mup_init_(*model, gen, st::MupInit{/*zero_outputs=*/true});
   const auto std_of = [&](const std::string& n) { return model->named_parameters()[n].std().item<double>(); };
   const auto all_equal = [&](const std::string& n, double v) {
     return model->named_parameters()[n].eq(v).all().item<bool>();

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -248,6 +249,17 @@ std::vector<std::string> train_rows(const std::string& run) {
   return rows;
 }
 
+// The (kind, step) of each log.jsonl line, in order (times and losses left out).
+std::vector<std::string> log_steps(const std::string& run) {
+  std::istringstream in(data::read_file(run + "/log.jsonl", "test"));
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out.push_back(j.at("kind").get<std::string>() + " " + j.at("step").dump());
+  }
+  return out;
+}
+
 double loss_of(const std::string& row) {
   std::istringstream in(row);
   std::string step, lr, loss;
@@ -328,12 +340,15 @@ TEST(Trainer, ResumeAfterAKillReproducesTheLossesExactly) {
     train(c, killed);
     // A row torn by the kill is dropped on resume.
     std::ofstream(b.path() + "/train.csv", std::ios::app) << "6,0.0";
+    // So are log lines whose step is not an integer (a float out of int64's range was cast: UB).
+    std::ofstream(b.path() + "/log.jsonl", std::ios::app) << "{\"step\": 5.9e69}\n{\"step\": 2.5}\n{\"step\": \"3\"}\n{\"st";
     RunOptions resumed = quiet(b.path());
     resumed.resume = true;
     const RunSummary s = train(c, resumed);
     EXPECT_EQ(s.first_step, 4);
     EXPECT_EQ(train_rows(a.path()), train_rows(b.path()));
     EXPECT_EQ(data::read_file(a.path() + "/eval.csv", "t"), data::read_file(b.path() + "/eval.csv", "t"));
+    EXPECT_EQ(log_steps(a.path()), log_steps(b.path()));
   }
 }
 

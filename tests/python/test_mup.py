@@ -48,7 +48,7 @@ def test_rms_cap_and_its_gradient(d_in, d_out, scale):
 
 
 class TinyLM(torch.nn.Module):
-    """Embeddings, the two bilinear layers, an MLP, an LN, a raw gain and a zero-init LM head,
+    """Embeddings, the two bilinear layers, an MLP, an LN, a raw gain and an LM head (readout),
     the last three declared by the model itself."""
 
     D, V = 64, 100
@@ -72,7 +72,7 @@ class TinyLM(torch.nn.Module):
         return self.lm_head(h * self.scale)
 
     def mup_roles(self):
-        return {"proj.weight": MupRole.output(4 * self.D), "lm_head.weight": MupRole.output(self.D),
+        return {"proj.weight": MupRole.output(4 * self.D), "lm_head.weight": MupRole.readout(self.D),
                 "scale": MupRole.gain()}
 
 
@@ -89,7 +89,7 @@ def test_roles_init_and_groups():
     assert kinds["btt.v_proj.weight"] == kinds["fc.weight"] == "hidden" and roles["fc.weight"].fan_in == 64
     assert kinds["btt.out_proj.weight"] == kinds["mlr.out_proj.weight"] == "output"
     assert roles["proj.weight"] == MupRole.output(256)  # declared by the model over the Linear default
-    assert kinds["lm_head.weight"] == "output" and kinds["scale"] == "gain"
+    assert kinds["lm_head.weight"] == "readout" and kinds["scale"] == "gain"
     assert kinds["fc.bias"] == kinds["ln.bias"] == "bias"
 
     # Init statistics: seeded; each tensor has >= 1024 entries, so the sample std is within 4.5
@@ -101,8 +101,16 @@ def test_roles_init_and_groups():
     for n, s in stds.items():
         assert abs(p[n].std().item() - s) <= 0.1 * s, n
         assert abs(p[n].mean().item()) <= 5 * s / math.sqrt(p[n].numel()), n
+    # output projections N(0, 1/fan_in) and the readout N(0, 1/fan_in^2): muP's table written out
+    for n, s in {"btt.out_proj.weight": 0.125, "mlr.out_proj.weight": 0.125, "proj.weight": 1 / 16,
+                 "lm_head.weight": 1 / 64}.items():
+        assert abs(p[n].std().item() - s) <= 0.1 * s, n
+    for n in ("fc.bias", "ln.bias"):
+        assert torch.all(p[n] == 0), n
+    mup_init_(model, generator=torch.Generator().manual_seed(7), zero_outputs=True)  # the reference's
     for n in ("btt.out_proj.weight", "mlr.out_proj.weight", "proj.weight", "lm_head.weight", "fc.bias", "ln.bias"):
         assert torch.all(p[n] == 0), n
+    assert_raises_naming(TypeError, lambda: mup_init_(model, zero_outputs=1), "mup_init_: argument 'zero_outputs'")
     for n in ("btt.key_norm_weight", "mlr.k_norm_weight_3", "ln.weight", "scale"):
         assert torch.all(p[n] == 1), n
 

@@ -1,14 +1,18 @@
 // strata/torch/mup.h: muP-style training support for LibTorch models, as the structured-attention
 // paper trains (Kuang et al., ICML 2025, section 3.5; the reference code's src/muP.py):
 //
-//   - every trainable parameter has a ROLE (MupRole): a hidden matrix, a zero-initialised output
-//     matrix, a structured core, an input matrix (a read-in from data features), a gain (LayerNorm
-//     weight), a bias, or an embedding;
-//   - the role gives its init (hidden matrix and structured core N(0, 1/fan_in) unless a std is
-//     given, output 0, input and embedding N(0, 0.02^2), gain 1, bias 0) and its Adam learning
-//     rate: base_lr * base_width / fan_in for the three width-fed matrix roles, base_lr for the
-//     others (the input matrix's fan_in is the data's width, which does not grow with the model:
-//     the reference's read-in, "fan_in 1");
+//   - every trainable parameter has a ROLE (MupRole): a hidden matrix, a residual branch's output
+//     projection, the model's readout, a structured core, an input matrix (a read-in from data
+//     features), a gain (LayerNorm weight), a bias, a token embedding or a position table;
+//   - the role gives its init (hidden matrix, output projection and structured core N(0, 1/fan_in)
+//     unless a std is given, readout N(0, 1/fan_in^2) (muP's readout rule), input and embedding
+//     N(0, 0.02^2), position table 0, gain 1, bias 0) and its Adam learning rate: base_lr *
+//     base_width / fan_in for the four width-fed matrix roles, base_lr for the others (the input
+//     matrix's fan_in is the data's width, which does not grow with the model: the reference's
+//     read-in, "fan_in 1");
+//   - MupInit::zero_outputs: the reference's zero output projections and readout instead. At the
+//     widths a CPU trains (64) they stalled in-context regression: with every residual branch
+//     closed, the d = 8 case stayed at the zero predictor's error for 1,500 steps (issue 45);
 //   - base_width: the width at which muP's learning rates equal one lr for every matrix (where SP
 //     and muP coincide). The reference's 768 (GPT-2 small) gave every matrix of a 64-wide model 12x
 //     the base lr, and such models did not learn (issue 45); strata's default is 128, the middle of
@@ -37,12 +41,12 @@
 
 namespace strata::torch {
 
-enum class MupKind { Hidden, Output, StructuredCore, Gain, Bias, Embedding, Input };
+enum class MupKind { Hidden, Output, Readout, StructuredCore, Gain, Bias, Embedding, Position, Input };
 
 // The muP base width strata uses unless told (MupOptions::base_width, train.base_width).
 constexpr double kDefaultBaseWidth = 128;
 
-// "hidden", "output", "structured_core", "gain", "bias", "embedding", "input".
+// "hidden", "output", "readout", "structured_core", "gain", "bias", "embedding", "position", "input".
 const char* mup_kind_name(MupKind k);
 
 struct MupRole {
@@ -52,8 +56,12 @@ struct MupRole {
 
   // A hidden matrix (q/k/v, MLP-in): init N(0, 1/fan_in), lr base_lr * base_width / fan_in.
   static MupRole hidden(int64_t fan_in) { return {MupKind::Hidden, fan_in, 0}; }
-  // A zero-initialised output matrix (attention / MLP out-proj, LM head, read-out); lr as hidden.
+  // A residual branch's output projection (attention / MLP out-proj): init N(0, 1/fan_in) (0 with
+  // MupInit::zero_outputs); lr as hidden.
   static MupRole output(int64_t fan_in) { return {MupKind::Output, fan_in, 0}; }
+  // The model's readout (LM head, ICR read-out, forecast head): init N(0, 1/fan_in^2) (0 with
+  // MupInit::zero_outputs); lr as hidden.
+  static MupRole readout(int64_t fan_in) { return {MupKind::Readout, fan_in, 0}; }
   // A structured core (BTT, bilinear-MLR blocks): init N(0, std^2) (std 0 = 1/sqrt(fan_in)), lr
   // as hidden. Its owner applies rms_cap in the forward.
   static MupRole structured_core(int64_t fan_in, double std = 0) { return {MupKind::StructuredCore, fan_in, std}; }
@@ -61,13 +69,19 @@ struct MupRole {
   static MupRole bias() { return {MupKind::Bias, 1, 0}; }  // init 0, lr base_lr
   // A lookup table (token / position embedding): init N(0, std^2), std 0.02 by default; lr base_lr.
   static MupRole embedding(double std = 0.02) { return {MupKind::Embedding, 1, std}; }
+  // A learned position table: init 0 in both parameterisations, lr base_lr. Random rows (torch's
+  // N(0, 1), or 0.02 beside a 0.02 read-in) add noise as large as the tokens' signal; zero rows
+  // learn positions from the gradient (issue 45: ICR d = 8 reached 0.27 of the zero predictor's
+  // error at zero, 0.33 at N(0, 0.02^2), 1.00 at N(0, 1)).
+  static MupRole position() { return {MupKind::Position, 1, 0}; }
   // An input matrix from fan_in data features (the ICR read-in): init N(0, std^2), std 0.02 by
   // default (the reference's); lr base_lr (its fan_in does not scale with the model's width). The
   // fan_in is kept for the standard parameterisation's init.
   static MupRole input(int64_t fan_in, double std = 0.02) { return {MupKind::Input, fan_in, std}; }
 
   bool is_matrix() const {
-    return kind == MupKind::Hidden || kind == MupKind::Output || kind == MupKind::StructuredCore;
+    return kind == MupKind::Hidden || kind == MupKind::Output || kind == MupKind::Readout ||
+           kind == MupKind::StructuredCore;
   }
   // The std mup_init_ draws with (0 for the constant inits).
   double resolved_std() const;
@@ -98,19 +112,25 @@ struct MupParam {
 // role, a declaration naming no parameter, or a role with fan_in < 1.
 std::vector<MupParam> mup_params(const ::torch::nn::Module& model);
 
+// The choices of mup_init_ beyond the roles.
+struct MupInit {
+  bool zero_outputs = false;  // output projections and readout 0 (the reference's), not random
+};
+
 // Initialises every trainable parameter by its role (under NoGradGuard); `gen`: the generator of
 // the normal draws (default: torch's).
-void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen = std::nullopt);
+void mup_init_(::torch::nn::Module& model, std::optional<at::Generator> gen = std::nullopt, MupInit opt = {});
 
 // The standard parameterisation's init, by role: what PyTorch's own modules draw (every matrix
 // role but the structured core, as torch.nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)); embeddings
 // as torch.nn.Embedding: N(0, 1); gains 1; biases 0), structured cores as mup_init_ (they have no
-// PyTorch default: the paper's rule). With one learning rate for every parameter this is what a
+// PyTorch default: the paper's rule), position tables 0 (MupRole::position). With one learning rate for every parameter this is what a
 // plain PyTorch model of the same modules trains as.
 void sp_init_(::torch::nn::Module& model, std::optional<at::Generator> gen = std::nullopt);
 
-// mup_init_ or sp_init_.
-void init_(::torch::nn::Module& model, Parameterization p, std::optional<at::Generator> gen = std::nullopt);
+// mup_init_ (with `opt`) or sp_init_.
+void init_(::torch::nn::Module& model, Parameterization p, std::optional<at::Generator> gen = std::nullopt,
+           MupInit opt = {});
 
 struct MupOptions {
   double base_width = kDefaultBaseWidth;  // lr = base_lr * base_width / fan_in for matrices
