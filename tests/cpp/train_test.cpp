@@ -401,23 +401,30 @@ TEST(Trainer, OneTrainerPerRunFolder) {
 }
 
 // ---- Models that learn (issue 45 item 3): each can fail --------------------------------------
-// Before issue 45's fixes (muP base width 768, the read-in as a hidden matrix) the ICR model stayed
-// at the zero predictor's error for ~2,000 steps; the char LM reached the bigram level only late.
+// Before issue 45's fixes (muP base width 768, the read-in as a hidden matrix, zero output
+// projections and readout, a N(0, 1) position table under SP) the ICR model stayed at the zero
+// predictor's error for 1,500 steps and more in both parameterisations.
 
-// In-context regression, d = 4 (T = 16), the default muP, the curriculum from 1 dim and 2 points
-// (every 100 steps, full at step 300): the last-point error must fall to 0.75 of the zero
-// predictor's within 3,000 steps (seen: 0.61 at 3,000, 0.66 at 2,500; the zero predictor ~1.0
-// and the run starting there). About 2-3 minutes on 2 threads.
+// In-context regression, d = 4 (T = 16), no curriculum, width 64, 4 heads, 4 layers, batch 64:
+// the last-point error must fall to 0.4 of the zero predictor's (which a model starts at) in both
+// parameterisations. Seen (AMD EPYC, 2 threads): muP 0.20 at 750 steps (seeds 1, 2: 0.16, 0.15;
+// 0.27 at 500, 0.56 at 250); SP, slower, 0.51 at 750, 0.29 at 1,250, 0.22 at 1,500. About 20 s
+// and 40 s on 2 threads.
 TEST(Learning, IcrLearnsInContext) {
-  TempDir dir;
-  const TrainConfig c = load_train_config(
-      config_path("icr.toml"), "",
-      {"data.dim=4", "data.start_dims=1", "data.start_points=2", "data.interval=100", "data.updates=3",
-       "model.width=64", "model.heads=4", "model.layers=4", "model.attention=mha:scale=1/sqrt(d)", "train.steps=3000",
-       "train.batch=64", "train.warmup=100", "train.eval_every=3000", "train.checkpoint_every=3000", "train.threads=2"});
-  const RunSummary s = train(c, quiet(dir.path()));
-  const double ratio = s.last_eval["last_point_se"].get<double>() / s.last_eval["last_point_zero_se"].get<double>();
-  EXPECT_LE(ratio, 0.75) << s.last_eval.dump();
+  for (const auto& [param, steps] : {std::pair<std::string, int>{"mup", 750}, {"sp", 1500}}) {
+    SCOPED_TRACE(param);
+    TempDir dir;
+    const TrainConfig c = load_train_config(
+        config_path("icr.toml"), "",
+        {"data.dim=4", "data.start_dims=4", "data.start_points=8", "model.width=64", "model.heads=4",
+         "model.layers=4", "model.attention=mha:scale=1/sqrt(d)", "train.param=" + param,
+         "train.steps=" + std::to_string(steps), "train.batch=64", "train.warmup=200",
+         "train.eval_every=" + std::to_string(steps), "train.checkpoint_every=" + std::to_string(steps),
+         "train.threads=2"});
+    const RunSummary s = train(c, quiet(dir.path()));
+    const double ratio = s.last_eval["last_point_se"].get<double>() / s.last_eval["last_point_zero_se"].get<double>();
+    EXPECT_LE(ratio, 0.4) << s.last_eval.dump();
+  }
 }
 
 // Char LM, D = 64 (1 head), 2 layers, T = 64, batch 16, 800 steps of tinyshakespeare: validation
