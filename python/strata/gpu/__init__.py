@@ -1,0 +1,1 @@
+"""strata on NVIDIA GPUs: Triton kernels (placeholder, filled below)."""
