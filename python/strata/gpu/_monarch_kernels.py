@@ -194,7 +194,7 @@ def rstep_fwd_kernel(
         e = tl.arange(0, DVP)
         tl.store(y + srow[:, None] * Dv + e[None, :], acc_y * rz[:, None], mask=rowok[:, None] & (e[None, :] < Dv))
     if STATS:
-        tl.store(lse + srow, m - tl.log(rz), mask=rowok)  # rz = 0: +inf, so R = exp(S - lse) = 0
+        tl.store(lse + srow, tl.where(rz > 0, m - tl.log(tl.where(rz > 0, rz, 1.0)), float("inf")), mask=rowok)  # rz = 0: +inf, so R = exp(S - lse) = 0
         tl.store(sumr + srow, sR, mask=rowok)
 
 
@@ -351,7 +351,7 @@ def lstep_bwd_kernel(
     q_sb, q_sn, q_sh, q_sd, g_sb, g_sn, g_sh, g_sd, a_sb, a_sh, a_sp, a_sd, w_sb, blk_sb,
     N, Hq, B, M, front, D, Dv, P,
     LAST: tl.constexpr, STABLE: tl.constexpr, LP: tl.constexpr, DT: tl.constexpr,
-    LC: tl.constexpr, LK: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+    LC: tl.constexpr, LK: tl.constexpr, ONE: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
 ):
     """Program (offset jj): the adjoint of the L-step (derivation: src/cpu/kernels/monarch.inc).
     Last step: dL[l, k] = G_l . y_k; earlier: dL[l, k] = w_l / c'_k (dabar_k . q_l - dabar_k . abar_k),
@@ -359,7 +359,7 @@ def lstep_bwd_kernel(
     dal_k = du^T q; dcl_k = -sum_l du; dy_k = L^T G; and the R-step's row term
     rowdot = dal . al + dy . y + dcl (cl + sum R). Passes over (query, block) chunks: 1 the
     log-normalisers (and, last step, r = G . O), 2 c (not last), 3 r and the dq term (not last),
-    4 du and everything it feeds."""
+    4 du and everything it feeds. ONE (M <= LC = LK): all in one tile, one pass, no scratch."""
     jj = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hq).to(tl.int64)
@@ -368,39 +368,113 @@ def lstep_bwd_kernel(
     e = tl.arange(0, DVP)
     srow0 = (bh.to(tl.int64) * B + jj) * M
     prow0 = bh.to(tl.int64) * P  # dq / dabar rows
-    # pass 1
-    for lc0 in range(0, M, LC):
-        ll = lc0 + tl.arange(0, LC)
+    if ONE:
+        ll = tl.arange(0, LC)
         lin = ll < M
         pos = ll * B + jj
+        kk = tl.arange(0, LK)
+        kin = kk < M
+        kpos = (kk * B + jj).to(tl.int64)
         Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
-        m = tl.full([LC], NEG_BIG, tl.float32)
-        Z = tl.zeros([LC], tl.float32)
-        acc = tl.zeros([LC, DVP], tl.float32)
-        for kc in range(0, M, LK):
-            kk = kc + tl.arange(0, LK)
-            U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
-            m_new = tl.maximum(m, tl.max(U, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(U - m_new[:, None])
-            Z = alpha * Z + tl.sum(p, axis=1)
-            if LAST:
-                y_k = tl.load(y + (srow0 + kk)[:, None] * Dv + e[None, :],
-                              mask=(kk < M)[:, None] & (e[None, :] < Dv), other=0.0)
-                acc = acc * alpha[:, None] + _mm(p, y_k, LP, DT)
-            m = m_new
-        tl.store(ls + srow0 + ll, tl.where(Z > 0, m + tl.log(tl.where(Z > 0, Z, 1.0)), float("inf")), mask=lin)
+        U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
+        mx = tl.maximum(tl.max(U, axis=1), NEG_BIG)
+        p = tl.exp(U - mx[:, None])
+        L = p * _inv0(tl.sum(p, axis=1))[:, None]
         if LAST:
+            y_k = tl.load(y + (srow0 + kk)[:, None] * Dv + e[None, :], mask=kin[:, None] & (e[None, :] < Dv), other=0.0)
             G = _load_g(g, w, b, h, pos, lin, N, front, Dv, g_sb, g_sn, g_sh, g_sd, w_sb, STABLE, DVP)
-            O = acc * _inv0(Z)[:, None]
-            tl.store(rr + srow0 + ll, tl.sum(G.to(tl.float32) * O, axis=1), mask=lin)
-    tl.debug_barrier()
-    if not LAST:
-        # pass 2: c_k = sum_l w_l L[l, k] -> 1/c'_k; e_k = dabar_k . abar_k
-        for kc in range(0, M, LK):
-            kk = kc + tl.arange(0, LK)
-            kin = kk < M
-            acc_c = tl.zeros([LK], tl.float32)
+            dL = _mm(G, tl.trans(y_k), LP, DT)
+            r_l = tl.sum(L * dL, axis=1)
+            dq_l = tl.zeros([LC, DP], tl.float32)
+        else:
+            wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
+            c = tl.sum(L * wl[:, None], axis=0)
+            if STABLE:
+                g_k = _inv0(c)
+            else:
+                g_k = 1.0 / (c + EPS)
+            da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D),
+                           other=0.0)
+            an_k = tl.load(anext + b * a_sb + h * a_sh + kpos[:, None] * a_sp + d[None, :] * a_sd,
+                           mask=kin[:, None] & (d[None, :] < D), other=0.0)
+            e_k = tl.sum(da_k * an_k, axis=1)
+            X = _mm(Q, tl.trans(da_k), LP, DT)
+            dL = wl[:, None] * g_k[None, :] * (X - e_k[None, :])
+            r_l = tl.sum(L * dL, axis=1)
+            dq_l = _mm(L * g_k[None, :], da_k, LP, DT) * wl[:, None]  # sum_k P[k, l] dabar_k
+        du = L * (dL - r_l[:, None])
+        dq_l += _mm(du, al_k, LP, DT)
+        qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
+        qm = lin[:, None] & (d[None, :] < D)
+        tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + dq_l, mask=qm)
+        acc_dal = _mm(tl.trans(du), Q, LP, DT)
+        acc_dcl = -tl.sum(du, axis=0)
+        cl_k = tl.load(cl + srow0 + kk, mask=kin, other=0.0)
+        sr_k = tl.load(sumr + srow0 + kk, mask=kin, other=0.0)
+        rd = tl.sum(acc_dal * al_k, axis=1) + acc_dcl * (cl_k + sr_k)
+        tl.store(dal + (srow0 + kk)[:, None] * D + d[None, :], acc_dal, mask=kin[:, None] & (d[None, :] < D))
+        tl.store(dcl + srow0 + kk, acc_dcl, mask=kin)
+        if LAST:
+            acc_dy = _mm(tl.trans(L), G, LP, DT)
+            rd += tl.sum(acc_dy * y_k, axis=1)
+            tl.store(dy + (srow0 + kk)[:, None] * Dv + e[None, :], acc_dy, mask=kin[:, None] & (e[None, :] < Dv))
+        tl.store(rowdot + srow0 + kk, rd, mask=kin)
+    else:
+        # pass 1
+        for lc0 in range(0, M, LC):
+            ll = lc0 + tl.arange(0, LC)
+            lin = ll < M
+            pos = ll * B + jj
+            Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
+            m = tl.full([LC], NEG_BIG, tl.float32)
+            Z = tl.zeros([LC], tl.float32)
+            acc = tl.zeros([LC, DVP], tl.float32)
+            for kc in range(0, M, LK):
+                kk = kc + tl.arange(0, LK)
+                U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
+                m_new = tl.maximum(m, tl.max(U, axis=1))
+                alpha = tl.exp(m - m_new)
+                p = tl.exp(U - m_new[:, None])
+                Z = alpha * Z + tl.sum(p, axis=1)
+                if LAST:
+                    y_k = tl.load(y + (srow0 + kk)[:, None] * Dv + e[None, :],
+                                  mask=(kk < M)[:, None] & (e[None, :] < Dv), other=0.0)
+                    acc = acc * alpha[:, None] + _mm(p, y_k, LP, DT)
+                m = m_new
+            tl.store(ls + srow0 + ll, tl.where(Z > 0, m + tl.log(tl.where(Z > 0, Z, 1.0)), float("inf")), mask=lin)
+            if LAST:
+                G = _load_g(g, w, b, h, pos, lin, N, front, Dv, g_sb, g_sn, g_sh, g_sd, w_sb, STABLE, DVP)
+                O = acc * _inv0(Z)[:, None]
+                tl.store(rr + srow0 + ll, tl.sum(G.to(tl.float32) * O, axis=1), mask=lin)
+        tl.debug_barrier()
+        if not LAST:
+            # pass 2: c_k = sum_l w_l L[l, k] -> 1/c'_k; e_k = dabar_k . abar_k
+            for kc in range(0, M, LK):
+                kk = kc + tl.arange(0, LK)
+                kin = kk < M
+                acc_c = tl.zeros([LK], tl.float32)
+                for lc0 in range(0, M, LC):
+                    ll = lc0 + tl.arange(0, LC)
+                    lin = ll < M
+                    pos = ll * B + jj
+                    Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
+                    wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
+                    lsl = tl.load(ls + srow0 + ll, mask=lin, other=float("inf"))
+                    U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
+                    acc_c += tl.sum(tl.exp(U - lsl[:, None]) * wl[:, None], axis=0)
+                if STABLE:
+                    inv = _inv0(acc_c)
+                else:
+                    inv = 1.0 / (acc_c + EPS)
+                kpos = (kk * B + jj).to(tl.int64)
+                da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D),
+                               other=0.0)
+                an_k = tl.load(anext + b * a_sb + h * a_sh + kpos[:, None] * a_sp + d[None, :] * a_sd,
+                               mask=kin[:, None] & (d[None, :] < D), other=0.0)
+                tl.store(gk + srow0 + kk, inv, mask=kin)
+                tl.store(ek + srow0 + kk, tl.sum(da_k * an_k, axis=1), mask=kin)
+            tl.debug_barrier()
+            # pass 3: V_l = sum_k L g_k dabar_k, r_l = w_l (q_l . V_l - sum_k L g_k e_k), dq_l += w_l V_l
             for lc0 in range(0, M, LC):
                 ll = lc0 + tl.arange(0, LC)
                 lin = ll < M
@@ -408,94 +482,72 @@ def lstep_bwd_kernel(
                 Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
                 wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
                 lsl = tl.load(ls + srow0 + ll, mask=lin, other=float("inf"))
-                U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
-                acc_c += tl.sum(tl.exp(U - lsl[:, None]) * wl[:, None], axis=0)
-            if STABLE:
-                inv = _inv0(acc_c)
-            else:
-                inv = 1.0 / (acc_c + EPS)
+                V = tl.zeros([LC, DP], tl.float32)
+                E = tl.zeros([LC], tl.float32)
+                for kc in range(0, M, LK):
+                    kk = kc + tl.arange(0, LK)
+                    kin = kk < M
+                    U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
+                    Lg = tl.exp(U - lsl[:, None]) * tl.load(gk + srow0 + kk, mask=kin, other=0.0)[None, :]
+                    kpos = (kk * B + jj).to(tl.int64)
+                    da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :],
+                                   mask=kin[:, None] & (d[None, :] < D), other=0.0)
+                    V += _mm(Lg, da_k, LP, DT)
+                    E += tl.sum(Lg * tl.load(ek + srow0 + kk, mask=kin, other=0.0)[None, :], axis=1)
+                tl.store(rr + srow0 + ll, wl * (tl.sum(Q.to(tl.float32) * V, axis=1) - E), mask=lin)
+                qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
+                qm = lin[:, None] & (d[None, :] < D)
+                tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + V * wl[:, None], mask=qm)
+            tl.debug_barrier()
+        # pass 4: per chunk of blocks, du over all queries
+        for kc in range(0, M, LK):
+            kk = kc + tl.arange(0, LK)
+            kin = kk < M
             kpos = (kk * B + jj).to(tl.int64)
-            da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D),
-                           other=0.0)
-            an_k = tl.load(anext + b * a_sb + h * a_sh + kpos[:, None] * a_sp + d[None, :] * a_sd,
-                           mask=kin[:, None] & (d[None, :] < D), other=0.0)
-            tl.store(gk + srow0 + kk, inv, mask=kin)
-            tl.store(ek + srow0 + kk, tl.sum(da_k * an_k, axis=1), mask=kin)
-        tl.debug_barrier()
-        # pass 3: V_l = sum_k L g_k dabar_k, r_l = w_l (q_l . V_l - sum_k L g_k e_k), dq_l += w_l V_l
-        for lc0 in range(0, M, LC):
-            ll = lc0 + tl.arange(0, LC)
-            lin = ll < M
-            pos = ll * B + jj
-            Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
-            wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
-            lsl = tl.load(ls + srow0 + ll, mask=lin, other=float("inf"))
-            V = tl.zeros([LC, DP], tl.float32)
-            E = tl.zeros([LC], tl.float32)
-            for kc in range(0, M, LK):
-                kk = kc + tl.arange(0, LK)
-                kin = kk < M
-                U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
-                Lg = tl.exp(U - lsl[:, None]) * tl.load(gk + srow0 + kk, mask=kin, other=0.0)[None, :]
-                kpos = (kk * B + jj).to(tl.int64)
-                da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :],
-                               mask=kin[:, None] & (d[None, :] < D), other=0.0)
-                V += _mm(Lg, da_k, LP, DT)
-                E += tl.sum(Lg * tl.load(ek + srow0 + kk, mask=kin, other=0.0)[None, :], axis=1)
-            tl.store(rr + srow0 + ll, wl * (tl.sum(Q.to(tl.float32) * V, axis=1) - E), mask=lin)
-            qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
-            qm = lin[:, None] & (d[None, :] < D)
-            tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + V * wl[:, None], mask=qm)
-        tl.debug_barrier()
-    # pass 4: per chunk of blocks, du over all queries
-    for kc in range(0, M, LK):
-        kk = kc + tl.arange(0, LK)
-        kin = kk < M
-        kpos = (kk * B + jj).to(tl.int64)
-        acc_dal = tl.zeros([LK, DP], tl.float32)
-        acc_dcl = tl.zeros([LK], tl.float32)
-        acc_dy = tl.zeros([LK, DVP], tl.float32)
-        if LAST:
-            y_k = tl.load(y + (srow0 + kk)[:, None] * Dv + e[None, :], mask=kin[:, None] & (e[None, :] < Dv), other=0.0)
-        else:
-            da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D),
-                           other=0.0)
-            g_k = tl.load(gk + srow0 + kk, mask=kin, other=0.0)
-            e_k = tl.load(ek + srow0 + kk, mask=kin, other=0.0)
-        for lc0 in range(0, M, LC):
-            ll = lc0 + tl.arange(0, LC)
-            lin = ll < M
-            pos = ll * B + jj
-            Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
-            lsl = tl.load(ls + srow0 + ll, mask=lin, other=float("inf"))
-            r_l = tl.load(rr + srow0 + ll, mask=lin, other=0.0)
-            U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
-            L = tl.exp(U - lsl[:, None])
+            acc_dal = tl.zeros([LK, DP], tl.float32)
+            acc_dcl = tl.zeros([LK], tl.float32)
+            acc_dy = tl.zeros([LK, DVP], tl.float32)
             if LAST:
-                G = _load_g(g, w, b, h, pos, lin, N, front, Dv, g_sb, g_sn, g_sh, g_sd, w_sb, STABLE, DVP)
-                dL = _mm(G, tl.trans(y_k), LP, DT)
-                acc_dy += _mm(tl.trans(L), G, LP, DT)
+                y_k = tl.load(y + (srow0 + kk)[:, None] * Dv + e[None, :], mask=kin[:, None] & (e[None, :] < Dv), other=0.0)
             else:
-                wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
-                X = _mm(Q, tl.trans(da_k), LP, DT)
-                dL = wl[:, None] * g_k[None, :] * (X - e_k[None, :])
-            du = L * (dL - r_l[:, None])
-            acc_dal += _mm(tl.trans(du), Q, LP, DT)
-            acc_dcl -= tl.sum(du, axis=0)
-            qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
-            qm = lin[:, None] & (d[None, :] < D)
-            tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + _mm(du, al_k, LP, DT), mask=qm)
-        al_k = tl.load(al + (srow0 + kk)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D), other=0.0)
-        cl_k = tl.load(cl + srow0 + kk, mask=kin, other=0.0)
-        sr_k = tl.load(sumr + srow0 + kk, mask=kin, other=0.0)
-        rd = tl.sum(acc_dal * al_k, axis=1) + acc_dcl * (cl_k + sr_k)
-        tl.store(dal + (srow0 + kk)[:, None] * D + d[None, :], acc_dal, mask=kin[:, None] & (d[None, :] < D))
-        tl.store(dcl + srow0 + kk, acc_dcl, mask=kin)
-        if LAST:
-            rd += tl.sum(acc_dy * y_k, axis=1)
-            tl.store(dy + (srow0 + kk)[:, None] * Dv + e[None, :], acc_dy, mask=kin[:, None] & (e[None, :] < Dv))
-        tl.store(rowdot + srow0 + kk, rd, mask=kin)
-        tl.debug_barrier()  # the next chunk of blocks adds to the same dq rows
+                da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D),
+                               other=0.0)
+                g_k = tl.load(gk + srow0 + kk, mask=kin, other=0.0)
+                e_k = tl.load(ek + srow0 + kk, mask=kin, other=0.0)
+            for lc0 in range(0, M, LC):
+                ll = lc0 + tl.arange(0, LC)
+                lin = ll < M
+                pos = ll * B + jj
+                Q = _load_tok(q, b, h, pos, lin, N, front, D, q_sb, q_sn, q_sh, q_sd, DP)
+                lsl = tl.load(ls + srow0 + ll, mask=lin, other=float("inf"))
+                r_l = tl.load(rr + srow0 + ll, mask=lin, other=0.0)
+                U, al_k = _l_scores(Q, al, cl, blk, srow0, b, kk, M, D, blk_sb, STABLE, LP, DT, DP)
+                L = tl.exp(U - lsl[:, None])
+                if LAST:
+                    G = _load_g(g, w, b, h, pos, lin, N, front, Dv, g_sb, g_sn, g_sh, g_sd, w_sb, STABLE, DVP)
+                    dL = _mm(G, tl.trans(y_k), LP, DT)
+                    acc_dy += _mm(tl.trans(L), G, LP, DT)
+                else:
+                    wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
+                    X = _mm(Q, tl.trans(da_k), LP, DT)
+                    dL = wl[:, None] * g_k[None, :] * (X - e_k[None, :])
+                du = L * (dL - r_l[:, None])
+                acc_dal += _mm(tl.trans(du), Q, LP, DT)
+                acc_dcl -= tl.sum(du, axis=0)
+                qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
+                qm = lin[:, None] & (d[None, :] < D)
+                tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + _mm(du, al_k, LP, DT), mask=qm)
+            al_k = tl.load(al + (srow0 + kk)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D), other=0.0)
+            cl_k = tl.load(cl + srow0 + kk, mask=kin, other=0.0)
+            sr_k = tl.load(sumr + srow0 + kk, mask=kin, other=0.0)
+            rd = tl.sum(acc_dal * al_k, axis=1) + acc_dcl * (cl_k + sr_k)
+            tl.store(dal + (srow0 + kk)[:, None] * D + d[None, :], acc_dal, mask=kin[:, None] & (d[None, :] < D))
+            tl.store(dcl + srow0 + kk, acc_dcl, mask=kin)
+            if LAST:
+                rd += tl.sum(acc_dy * y_k, axis=1)
+                tl.store(dy + (srow0 + kk)[:, None] * Dv + e[None, :], acc_dy, mask=kin[:, None] & (e[None, :] < Dv))
+            tl.store(rowdot + srow0 + kk, rd, mask=kin)
+            tl.debug_barrier()  # the next chunk of blocks adds to the same dq rows
 
 
 @triton.jit

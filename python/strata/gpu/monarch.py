@@ -80,13 +80,30 @@ def _patch_interpreter() -> None:
             f = as_interpreted[id(self)] = interp.InterpretedFunction(self.fn)
         return f(*args, **kwargs)
 
+    # 3. (speed) a device-function call re-patches triton.language on every call (inspect.getmembers
+    # over the modules: 90% of an interpreted backward); patch once per module per launch instead.
+    patched_globals = set()
+
     def patched_lang(fn):
+        patched_globals.clear()  # a launch starts (nested calls do not come here: see device_call)
+        patched_globals.add(id(fn.__globals__))
         scope = original_lang(fn)
         scope.set_attr(JITFunction, "__call__", call_interpreted)
         return scope
 
+    def device_call(self, *args, **kwargs):
+        if id(self.fn.__globals__) not in patched_globals:
+            patched_globals.add(id(self.fn.__globals__))
+            original_lang(self.fn)  # as InterpretedFunction.__call__ does (its scope is not restored)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interp.InterpreterError(repr(e)) from e
+
     interp._patch_lang_tensor = patched_tensor
     interp._patch_lang = patched_lang
+    interp.InterpretedFunction.__call__ = device_call
     interp._strata_patched = True
 
 
@@ -488,7 +505,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[
             dal, dcl, dy, rowdot, bufs.ls, rr, gk, ek,
             *_s4(ql), *_s4(gl), *_slab_strides(anext), bufs.w.stride(0), bufs.blk.stride(0),
             call.N, call.Hq, call.B, call.M, call.front, call.D, call.Dv, P,
-            LAST=last, LC=t.lc, LK=t.lk, **common,
+            LAST=last, LC=t.lc, LK=t.lk, ONE=t.one, **common,
         )
         a = slab if slab is not None else ql
         rgrid = call.M * triton_cdiv(call.B, t.rc)
@@ -571,8 +588,9 @@ def launcher_configs(full: bool = False) -> Iterator[KernelConfig]:
                         for one in ((False,) if last else (True, False)):
                             add("lstep_fwd_kernel", warps, LAST=last, STABLE=stable, LP=LP, DT=DT, LC=r, LK=r,
                                 ONE=one, DP=dp, DVP=dvp)
-                        add("lstep_bwd_kernel", warps, LAST=last, STABLE=stable, LP=LP, DT=DT, LC=r, LK=r, DP=dp,
-                            DVP=dvp)
+                        for one in (True, False):
+                            add("lstep_bwd_kernel", warps, LAST=last, STABLE=stable, LP=LP, DT=DT, LC=r, LK=r, ONE=one,
+                                DP=dp, DVP=dvp)
     return iter(out)
 
 
