@@ -570,6 +570,7 @@ def _r_grad(A, Kt, Vt, kval, dal_r, dcl_r, rd_r, lse_r, dy_r, sc, FIRST: tl.cons
     S = _r_scores(A, Kt, kval, sc, FIRST, LP, DT)
     logR = S - lse_r[:, None]
     R = tl.exp(logR)
+    logR = tl.where(R > 0, logR, 0.0)  # -inf at masked keys: keeps dcl * logR finite (R = 0 there)
     dP = _mm(dal_r * sc, tl.trans(Kt), LP, DT)
     if LAST:
         dP += _mm(dy_r, tl.trans(Vt), LP, DT)

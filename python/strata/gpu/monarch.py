@@ -597,18 +597,14 @@ def launcher_configs(full: bool = False) -> Iterator[KernelConfig]:
 def signature(kernel_name: str, dtype) -> Dict[str, str]:
     """The runtime-argument signature of a kernel for triton.compile (pointers to the input dtype
     for q, k, v, o, dout; float32 for the state; i32 for sizes and strides; fp32 scale)."""
-    import inspect
-
     import triton.language as tl
 
     fn = getattr(_load_compiled_for_signature(), kernel_name)
-    names = list(inspect.signature(fn.fn).parameters)
+    names = [p.name for p in fn.params if not p.is_constexpr]
     inp = {tl.float32: "*fp32", tl.float16: "*fp16", tl.bfloat16: "*bf16"}[dtype]
     typed = {"q": inp, "k": inp, "v": inp, "o": inp, "g": inp}
     sig = {}
     for n in names:
-        if n.isupper():
-            continue  # constexpr
         if n in typed:
             sig[n] = typed[n]
         elif n in ("w", "abar", "al", "cl", "y", "lse", "sumr", "ls", "dabar", "anext", "dq", "dal", "dcl", "dy",
