@@ -28,10 +28,9 @@ std::string cpu_summary();
 //                core's vdpbf16ps does more multiply-adds per second than its fp32 FMAs, by at
 //                least kVdpbf16psPays (bf16_dot_rates: measured once per process); else fp32.
 //                The instruction does twice an FMA's multiply-adds, but its throughput is the
-//                core's: on an Intel Xeon without AMX exposed it issues at a quarter of the FMA's
-//                rate (43 against 88 GMAC/s a thread), and its forward ran 1.87x SLOWER than fp32
-//                compute (889 against 475 ms, N = 4096, d = 64; bench/bf16_engines.py,
-//                docs/results.md), so auto computes in fp32 there
+//                core's: on some CPUs (an Intel Xeon without AMX exposed) it issues at a fraction
+//                of the FMA's rate and the bf16 forward runs slower than fp32 compute, so auto
+//                computes in fp32 there (bench/bf16_engines.py; docs/notes.md has the numbers)
 //   fp32         fp32 products (the bf16 inputs widened exactly), on every CPU
 //   avx512_bf16, amx_bf16   that engine; strata::Error naming 'compute' where it is not there
 //                (tests and benchmarks use them to compare the engines)
@@ -57,8 +56,8 @@ struct Bf16DotRates {
 };
 const Bf16DotRates& bf16_dot_rates();
 // auto takes vdpbf16ps where dot >= kVdpbf16psPays * fma: the engine's kernels also round P (and
-// dS) to bf16 pairs and pack Q, so the instruction must gain clearly (measured: the forward's
-// speed over fp32 compute is about 1.1x the instructions' rate ratio; 0.49 gave 0.53).
+// dS) to bf16 pairs and pack Q, so the instruction must gain clearly (the forward's speed over fp32
+// compute tracks the instructions' rate ratio: docs/notes.md).
 constexpr double kVdpbf16psPays = 1.25;
 // The engine automatic resolves to, given which engines can run here (amx, vdpbf16ps) and the
 // rates: amx_bf16, avx512_bf16 or fp32 (the rule above, a pure function for tests).

@@ -56,11 +56,10 @@
 // bf16 products (opt in): with compute = avx512_bf16 or amx_bf16 a bfloat16 forward runs its six
 // products on that bf16 engine (bf16 operands, fp32 accumulation, as attention.h's), and the
 // backward its gradient products. compute = auto keeps fp32 products for Monarch: the forward's
-// bf16 path is correct but not faster (bench monarch --dtype bfloat16, 12 heads, d = 64, 2
-// threads: 1.17x fp32 compute at N = 4096 T = 1 on AMX, 1.01x at T = 2, 0.79-0.89x at N = 1024;
-// 0.84-1.04x on an AMD EPYC's AVX512-BF16; its operands go through fp32 copies and the small
-// products do not hide the packing); the backward's runs 1.15-1.42x its fp32 compute on that EPYC
-// (bench monarch --dtype bfloat16, N = 1024-16384, T = 1, 2; 0.87-0.89x at N = 256).
+// bf16 path is correct but not faster (its operands go through fp32 copies, the logits' operands
+// enter as two bf16 parts, and the small products do not hide the packing); the backward's bf16
+// products pay at longer sequences on some CPUs but stay opt in with the forward's. Their speed
+// against fp32 compute: docs/results.md (MonarchAttention); why: docs/notes.md.
 // Forward: products of the inputs read them exactly (S = q k^T at step 1, the keys, values and
 // queries of every product); y = R v and o = L y read R, L and y rounded to bf16, as attention.h
 // rounds P. The operands that feed a logit, R and al (for the L logits q . al - cl), w L and abar
@@ -88,8 +87,8 @@
 //
 // Cost (multiply-accumulates, the paper's FLOP count / 2):
 //   forward   N * D * [T * (2B + 2M) + B] per (batch, query head)   (D = Dv)
-//   backward  2.5x - 3x the forward measured (T = 1..3, no saved state): every step's R and L
-//             are recomputed, not stored.
+//   backward  a few times the forward (no saved state): every step's R and L are recomputed, not
+//             stored (times: docs/results.md).
 // Memory: never an N x N buffer, for any B. Per (batch, head) in flight about (2 + [T > 1]) * N*D
 // floats (forward) or (6 + T) * N*D (backward; D ~ Dv, padded to 16), plus per-thread tiles of
 // O((B + M) * D + 64 B + 128 M) floats, all in a grow-only workspace of the calling thread.

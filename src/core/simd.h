@@ -35,7 +35,7 @@ inline float vreduce_max(VF a) { return _mm512_reduce_max_ps(a.v); }
 inline float vreduce_add(VF a) { return _mm512_reduce_add_ps(a.v); }
 // 2^x (x < -125 gives exactly 0, -inf gives 0, NaN gives NaN, x >= 128 gives +inf). The lower
 // clamp keeps every result a normal float: an underflowing scalef (e.g. 2^-150 for a masked
-// score) takes a microcode assist costing ~100+ cycles, which made causal tiles 30% slower.
+// score) takes a microcode assist costing ~100+ cycles, which made causal tiles much slower.
 // scalef itself saturates large n to +inf, so no upper clamp is needed (every caller passes a
 // score minus its row max or lse, x <= ~0). max returns its SECOND operand when either is NaN,
 // so putting x second lets NaN flow through. 10 vector ops: it is the softmax's inner loop.
@@ -214,7 +214,7 @@ inline VF vmask_keys(VF s, VF lo, VF hi, VF ghi, float j) {
 // e ln 2 + ln m, ln m = 2 atanh(s) = 2 (s + s^3/3 + .. + s^9/9), s = (m - 1)/(m + 1), |s| <= 0.172
 // (the first term left out is under 1e-9 relative). Within 3 ulp of ln x on every ISA (checked at
 // every 61st bit pattern of the normal floats); one division and ~12 vector ops, where the Monarch
-// R-step's 64 calls of logf per block (one per row) were ~2% of its forward.
+// R-step made 64 calls of logf per block (one per row).
 inline VF vlog(VF x) {
   VF e;
   const VF m = vfrexp_sqrt2(x, &e), one = vset1(1.f);

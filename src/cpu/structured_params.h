@@ -91,8 +91,8 @@ struct StructuredParams {
 
 // Tokens per row tile: the GEMMs' N. 64 (four AVX-512 vectors: the micro-kernel's widest tile)
 // up to width 4096, where a tile's few activations (about 1 MB each) still mostly stay in L2; measured
-// at D = 4096 (bench structured, BTT s=1 / Monarch / low rank, fwd and bwd), 64 beat 16 by 3-60% on 5
-// of 6 rows and 32 on 4 of 6. Halved beyond. A multiple of every ISA's vector width, and the same for
+// at D = 4096 (bench structured, BTT s=1 / Monarch / low rank, fwd and bwd), 64 beat 16 on 5 of 6
+// rows and 32 on 4 of 6. Halved beyond. A multiple of every ISA's vector width, and the same for
 // all ISAs (the saved layout depends on it).
 inline int64_t structured_tile_tokens(int64_t max_width) {
   return max_width <= 4096 ? 64 : max_width <= 8192 ? 32 : 16;
@@ -103,8 +103,8 @@ inline int64_t structured_tile_tokens(int64_t max_width) {
 // neighbouring tiles at the same time, as the dynamic hand-out of single tiles had them), each with
 // its own factor-gradient accumulators, summed in item order: the same bits for the same thread
 // count. More items per thread (each with its own, cold accumulators, zeroed and summed once)
-// made the BTT s=1 backward 5-11% slower at D = 1024 / 4096 (in-process A/B, AMD EPYC, 2 threads),
-// one per thread 0-5% slower than the dynamic hand-out (within the machine's noise at D = 4096).
+// made the BTT s=1 backward slower (in-process A/B, AMD EPYC, 2 threads); one per thread costs
+// little against the dynamic hand-out it replaced (docs/notes.md, the fixed summation order).
 inline int64_t structured_grad_items(int64_t tiles, int threads) {
   return std::max<int64_t>(1, std::min<int64_t>(tiles, threads));
 }

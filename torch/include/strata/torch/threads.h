@@ -17,7 +17,7 @@
 // ran every kernel family 500 times per pool beside a busy process, with more threads than cores and
 // the workspace poisoned (STRATA_POISON_WORKSPACE=1), each call checked per head against the
 // float64 reference and bit for bit against the first call on the same inputs: no wrong or unstable
-// result on either pool (AMD EPYC, AVX2; docs/results.md "Thread pools" has the command and table),
+// result on either pool (AMD EPYC, AVX2; docs/results.md "Thread pools" has the command and result),
 // nor in 30 + 30 runs of the bench smoke under load (bench/stress_under_load.sh). The AVX-512
 // kernels were not exercised by that run (no AVX-512 CPU in that session): rerun it there.
 // Fork (DataLoader workers, multiprocessing's 'fork'): libgomp's team does not survive fork, and
