@@ -18,8 +18,8 @@
 // the workspace poisoned (STRATA_POISON_WORKSPACE=1), each call checked per head against the
 // float64 reference and bit for bit against the first call on the same inputs: no wrong or unstable
 // result on either pool (AMD EPYC, AVX2; docs/results.md "Thread pools" has the command and result),
-// nor in 30 + 30 runs of the bench smoke under load (bench/stress_under_load.sh). The AVX-512
-// kernels were not exercised by that run (no AVX-512 CPU in that session): rerun it there.
+// nor in 30 + 30 runs of the bench smoke under load (bench/stress_under_load.sh). The same stress
+// run on an AVX-512 CPU (AMD EPYC, kernels dispatched to avx512) found nothing either.
 // Fork (DataLoader workers, multiprocessing's 'fork'): libgomp's team does not survive fork, and
 // a child of a process that ran a parallel region on it hangs in its first one (torch's own ops
 // too, e.g. MKL's threaded exp). So a child forked after strata ran a region on torch's threads
