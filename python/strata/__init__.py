@@ -177,8 +177,12 @@ def info() -> dict:
         regions run: see :func:`set_thread_pool`), ``bf16_auto`` (the engine ``compute="auto"``
         gives bfloat16 inputs here: "amx_bf16", "avx512_bf16" or "fp32") and ``bf16_dot_rates``
         (this core's vdpbf16ps and fp32 FMA rates in GMAC/s on one thread, measured once per
-        process, which decided it: avx512_bf16 only where the first is at least 1.25x the second).
+        process, which decided it: avx512_bf16 only where the first is at least 1.25x the second),
+        ``gpu`` (per op family, the path CUDA tensors take in this process: "triton ..." where
+        strata.gpu registered its kernels, else "torch-ops (<why>)"; see strata.gpu.paths).
     """
+    from . import gpu as _gpu  # imports Triton only where a usable CUDA device is present
+
     version, torch_built_with, isa, threads, cpu_features = _ops.info()
     bf16_auto, dot_rate, fma_rate = _ops.bf16_auto()
     return {
@@ -193,6 +197,7 @@ def info() -> dict:
         "thread_pool": thread_pool(),
         "bf16_auto": bf16_auto,
         "bf16_dot_rates": (dot_rate, fma_rate),
+        "gpu": _gpu.paths(),
     }
 
 
@@ -430,3 +435,7 @@ from .bilinear import (  # noqa: E402
 # The converted sentence encoder on your own text (strata.encoder, over torch.classes.strata.SentenceEncoder).
 from .blocks import GeluMLP, gelu_mlp, ln_linear  # noqa: E402
 from .encoder import SentenceEncoder  # noqa: E402
+# The Triton kernels as the CUDA kernels of the ops (strata.gpu), where a CUDA device is present
+# (no Triton import otherwise); STRATA_GPU=0 keeps the torch-ops path.
+if os.environ.get("STRATA_GPU", "1") != "0" and torch.cuda.is_available():
+    from . import gpu  # noqa: E402,F401

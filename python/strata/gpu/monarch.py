@@ -147,43 +147,82 @@ def _np2(n: int) -> int:
 
 
 @dataclass(frozen=True)
+class KernelTiles:
+    """One kernel's constexpr tiles: a, b = (rows, keys) of an R-step kernel's B x B tile or
+    (queries, blocks) of an L-step kernel's M x M tile, powers of two >= 16 (tl.dot's minimum);
+    one: an L-step kernel's whole M x M problem in one tile (M <= a = b); warps: num_warps."""
+
+    a: int
+    b: int
+    warps: int
+    one: bool = False
+
+
+@dataclass(frozen=True)
 class MonarchTiles:
-    """The constexpr tile sizes of one call (powers of two >= 16: tl.dot's minimum).
+    """The tiles of every launch of one call, and the padded head dims (powers of two >= 16).
+    rf: R-step (forward and the backward's recompute), rq / rkv: the R-step adjoints for dabar and
+    for dk / dv, lf / lb: the L-step and its adjoint."""
 
-    rc, kc: R-step rows and keys per chunk (B x B tiles in pieces of rc x kc); lc, lk: L-step
-    queries and blocks per chunk; one: the L-step of a non-last step in one tile (M <= lc = lk);
-    dp, dvp: head_dim and head_dim_v padded. warps: num_warps of every launch."""
-
-    rc: int
-    kc: int
-    lc: int
-    lk: int
-    one: bool
+    rf: KernelTiles
+    rq: KernelTiles
+    rkv: KernelTiles
+    lf: KernelTiles
+    lb: KernelTiles
     dp: int
     dvp: int
-    warps: int
 
 
-def choose_tiles(B: int, M: int, D: int, Dv: int, override: Optional[Dict[str, int]] = None) -> MonarchTiles:
-    """The launcher's tile choice. Chunks of up to 64 (a 64 x 64 fp32 score tile is 32 registers a
-    thread at 4 warps), halved while a chunk x padded head dim tile exceeds 64 x 128 floats (keeps
-    head dims to 256 below the register file: the compile check). ``override`` (tests) sets any
-    of rc, kc, lc, lk to force several chunks on small shapes."""
+# The largest tile of each kernel (and its num_warps) by product type and padded head dim, chosen
+# from an sm_90 compile sweep here (triton.compile + cuobjdump -res-usage, tiles 16/32/64 x 4/8
+# warps, each kernel's heaviest flags): the largest tile whose stack frame (spills) is 0 or small
+# (<= 128 bytes; rkv at 128 / 256 and lb at 256: 64-664 bytes, the smallest tile there), registers
+# <= 255, shared memory under sm_80's 163 KB. 16-bit products (lp) and fp32 "ieee" products (FMA
+# dots, far more registers: 64 x 64 tiles spilled 10 KB a thread). Unmeasured on a GPU: the
+# table is the first thing to tune there (strata.gpu.monarch.compile_report prints these numbers).
+#   key: (lp, max padded head dim) -> {kernel: (tile, warps)}; "lb1": the L adjoint in one tile
+_TILE_TABLE = {
+    (True, 64): dict(rf=(64, 4), rq=(64, 8), rkv=(32, 8), lf=(64, 4), lb1=(64, 8), lb=(32, 8)),
+    (True, 128): dict(rf=(32, 8), rq=(32, 8), rkv=(16, 8), lf=(32, 8), lb1=(32, 8), lb=(16, 8)),
+    (True, 256): dict(rf=(16, 8), rq=(16, 8), rkv=(16, 8), lf=(16, 8), lb1=(16, 8), lb=(16, 8)),
+    (False, 64): dict(rf=(32, 4), rq=(16, 8), rkv=(16, 8), lf=(32, 8), lb1=(32, 8), lb=(16, 8)),
+    (False, 128): dict(rf=(16, 8), rq=(16, 8), rkv=(16, 8), lf=(32, 8), lb1=(16, 8), lb=(16, 8)),
+    (False, 256): dict(rf=(16, 8), rq=(16, 8), rkv=(16, 8), lf=(16, 8), lb1=(16, 8), lb=(16, 8)),
+}
+
+
+def _dim_class(dp: int, dvp: int) -> int:
+    return max(64, dp, dvp)
+
+
+def choose_tiles(B: int, M: int, D: int, Dv: int, lp: bool, override: Optional[Dict[str, int]] = None
+                 ) -> MonarchTiles:
+    """The launcher's tiles for a call: the table's, clipped to the problem (a block of B keys needs
+    no tile wider than B rounded up to a power of two). ``override`` (tests) sets rc, kc (every
+    R-step kernel's rows, keys) or lc, lk (every L-step kernel's queries, blocks) to force several
+    chunks on small shapes."""
     dp, dvp = max(16, _np2(D)), max(16, _np2(Dv))
-    cap = 64
-    while cap > 16 and cap * max(dp, dvp) > 64 * 128:
-        cap //= 2
-    rt = min(cap, max(16, _np2(B)))
-    lt = min(cap, max(16, _np2(M)))
-    t = dict(rc=rt, kc=rt, lc=lt, lk=lt)
-    if override:
-        for key, val in override.items():
-            if key not in t or val < 16 or val & (val - 1):
-                raise ValueError(f"strata.gpu.monarch: tile {key}={val}: expected rc/kc/lc/lk, a power of 2 >= 16")
-            t[key] = val
-    one = M <= t["lc"] and M <= t["lk"]
-    warps = 8 if max(dp, dvp) >= 128 else 4
-    return MonarchTiles(t["rc"], t["kc"], t["lc"], t["lk"], one, dp, dvp, warps)
+    tab = _TILE_TABLE[(lp, _dim_class(dp, dvp))]
+    rb, mb = max(16, _np2(B)), max(16, _np2(M))
+    ov = dict(override or {})
+    for key, val in ov.items():
+        if key not in ("rc", "kc", "lc", "lk") or val < 16 or val & (val - 1):
+            raise ValueError(f"strata.gpu.monarch: tile {key}={val}: expected rc/kc/lc/lk, a power of 2 >= 16")
+
+    def r(name):
+        t, w = tab[name]
+        return KernelTiles(ov.get("rc", min(t, rb)), ov.get("kc", min(t, rb)), w)
+
+    def l(name, one_name=None):
+        t, w = tab[name]
+        if one_name is not None:  # the adjoint: one tile where M fits the one-tile kernel's size
+            t1, w1 = tab[one_name]
+            if mb <= t1 and not ov:
+                return KernelTiles(mb, mb, w1, True)
+        a, b = ov.get("lc", min(t, mb)), ov.get("lk", min(t, mb))
+        return KernelTiles(a, b, w, M <= a and M <= b)
+
+    return MonarchTiles(r("rf"), r("rq"), r("rkv"), l("lf"), l("lb", "lb1"), dp, dvp)
 
 
 @dataclass(frozen=True)
@@ -363,7 +402,8 @@ def _slab_strides(slab: Optional[torch.Tensor]) -> Tuple[int, int, int, int]:
 def _rstep(K, call: MonarchCall, tiles: MonarchTiles, ql, kl, vl, bufs: _Bufs, slab, first: bool, last: bool,
            stats: bool) -> None:
     """R-step of one step: al, cl (y at the last step; lse and sum R with stats) from abar rows."""
-    grid = (call.M * triton_cdiv(call.B, tiles.rc), call.batch * call.Hq)
+    rf = tiles.rf
+    grid = (call.M * triton_cdiv(call.B, rf.a), call.batch * call.Hq)
     dummy = bufs.cl
     K.rstep_fwd_kernel[grid](
         ql, kl, vl, bufs.w, slab if slab is not None else ql,
@@ -371,13 +411,14 @@ def _rstep(K, call: MonarchCall, tiles: MonarchTiles, ql, kl, vl, bufs: _Bufs, s
         *_s4(ql), *_s4(kl), *_s4(vl), *_slab_strides(slab), bufs.w.stride(0),
         call.N, call.Hq, call.G, call.B, call.M, call.front, call.D, call.Dv, call.scale,
         FIRST=first, LAST=last, STATS=stats, STABLE=call.stable, LP=call.lp, DT=_tl_dtype(call.dtype),
-        RC=tiles.rc, KC=tiles.kc, DP=tiles.dp, DVP=tiles.dvp, num_warps=tiles.warps,
+        RC=rf.a, KC=rf.b, DP=tiles.dp, DVP=tiles.dvp, num_warps=rf.warps,
     )
 
 
 def _lstep(K, call: MonarchCall, tiles: MonarchTiles, ql, bufs: _Bufs, out_l, slab_out, last: bool) -> None:
     """L-step of one step: the output rows (last) or the next step's abar slab."""
-    grid = (call.B * (triton_cdiv(call.M, tiles.lc) if last else 1), call.batch * call.Hq)
+    lf = tiles.lf
+    grid = (call.B * (triton_cdiv(call.M, lf.a) if last else 1), call.batch * call.Hq)
     o = out_l if last else ql
     a = slab_out if not last else bufs.al
     K.lstep_fwd_kernel[grid](
@@ -385,7 +426,7 @@ def _lstep(K, call: MonarchCall, tiles: MonarchTiles, ql, bufs: _Bufs, out_l, sl
         *_s4(ql), *_s4(o), *(_slab_strides(slab_out) if not last else (0, 0, 0, 0)), bufs.w.stride(0),
         bufs.blk.stride(0), call.N, call.Hq, call.B, call.M, call.front, call.D, call.Dv,
         LAST=last, STABLE=call.stable, LP=call.lp, DT=_tl_dtype(call.dtype),
-        LC=tiles.lc, LK=tiles.lk, ONE=tiles.one, DP=tiles.dp, DVP=tiles.dvp, num_warps=tiles.warps,
+        LC=lf.a, LK=lf.b, ONE=lf.one, DP=tiles.dp, DVP=tiles.dvp, num_warps=lf.warps,
     )
 
 
@@ -436,7 +477,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_steps: int = 
             state.zero_()
         return out, state
     K = kernels(q.device)
-    t = choose_tiles(call.B, call.M, call.D, call.Dv, tiles)
+    t = choose_tiles(call.B, call.M, call.D, call.Dv, call.lp, tiles)
     ql, kl, vl = _logical(q, layout), _logical(k, layout), _logical(v, layout)
     bufs = _bufs(call, key_padding_mask, q.device, stats=False)
     scratch = None
@@ -476,7 +517,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[
     if call.batch * call.Hq * call.N == 0 or call.Dv == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     K = kernels(q.device)
-    t = choose_tiles(call.B, call.M, call.D, call.Dv, tiles)
+    t = choose_tiles(call.B, call.M, call.D, call.Dv, call.lp, tiles)
     ql, kl, vl, gl = (_logical(x, layout) for x in (q, k, v, dout))
     f32 = dict(dtype=torch.float32, device=q.device)
     bufs = _bufs(call, key_padding_mask, q.device, stats=True)
@@ -493,7 +534,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[
     dk_acc = torch.zeros(bk, P, call.D, **f32)
     dv_acc = torch.zeros(bk, P, call.Dv, **f32)
     DT = _tl_dtype(call.dtype)
-    common = dict(STABLE=call.stable, LP=call.lp, DT=DT, DP=t.dp, DVP=t.dvp, num_warps=t.warps)
+    common = dict(STABLE=call.stable, LP=call.lp, DT=DT, DP=t.dp, DVP=t.dvp)
     for step in range(call.T, 0, -1):
         first, last = step == 1, step == call.T
         slab = None if first else state[:, :, step - 2]
@@ -505,22 +546,22 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[
             dal, dcl, dy, rowdot, bufs.ls, rr, gk, ek,
             *_s4(ql), *_s4(gl), *_slab_strides(anext), bufs.w.stride(0), bufs.blk.stride(0),
             call.N, call.Hq, call.B, call.M, call.front, call.D, call.Dv, P,
-            LAST=last, LC=t.lc, LK=t.lk, ONE=t.one, **common,
+            LAST=last, LC=t.lb.a, LK=t.lb.b, ONE=t.lb.one, num_warps=t.lb.warps, **common,
         )
         a = slab if slab is not None else ql
-        rgrid = call.M * triton_cdiv(call.B, t.rc)
+        rgrid = call.M * triton_cdiv(call.B, t.rq.a)
         K.rstep_bwd_q_kernel[(rgrid, bh)](
             ql, kl, vl, bufs.w, a, dal, dcl, dy, rowdot, bufs.lse, dabar, dq_acc,
             *_s4(ql), *_s4(kl), *_s4(vl), *_slab_strides(slab), bufs.w.stride(0),
             call.N, call.Hq, call.G, call.B, call.M, call.front, call.D, call.Dv, P, call.scale,
-            FIRST=first, LAST=last, RC=t.rc, KC=t.kc, **common,
+            FIRST=first, LAST=last, RC=t.rq.a, KC=t.rq.b, num_warps=t.rq.warps, **common,
         )
-        kgrid = call.M * triton_cdiv(call.B, t.kc)
+        kgrid = call.M * triton_cdiv(call.B, t.rkv.b)
         K.rstep_bwd_kv_kernel[(kgrid, bk)](
             ql, kl, vl, bufs.w, a, dal, dcl, dy, rowdot, bufs.lse, dk_acc, dv_acc,
             *_s4(ql), *_s4(kl), *_s4(vl), *_slab_strides(slab), bufs.w.stride(0),
             call.N, call.Hq, call.Hkv, call.G, call.B, call.M, call.front, call.D, call.Dv, P, call.scale,
-            FIRST=first, LAST=last, RC=t.rc, KC=t.kc, **common,
+            FIRST=first, LAST=last, RC=t.rkv.a, KC=t.rkv.b, num_warps=t.rkv.warps, **common,
         )
     # padded fp32 accumulators -> the gradients (b, n, h, d) in the inputs' dtype, layout, strides
     for acc, grad, heads in ((dq_acc, dq, call.Hq), (dk_acc, dk, call.Hkv), (dv_acc, dv, call.Hkv)):
@@ -539,59 +580,98 @@ class KernelConfig:
     num_warps: int
 
 
-def _head_dims() -> List[int]:
-    return [16, 32, 64, 128, 256]
+_PADDED_DIMS = (16, 32, 64, 128, 256)
 
 
-def launcher_configs(full: bool = False) -> Iterator[KernelConfig]:
-    """Every constexpr combination the launchers can choose (full=True), or a covering subset
-    (default: each kernel x each flag combination x each dtype at the largest tiles of each head
-    dim, plus every tile size at head dim 64). Tiles follow choose_tiles over B, M in 1..2^16 and
-    head dims up to MAX_HEAD_DIM (padded: 16..256)."""
+def _flag_sets(kernel: str):
+    """Every combination of a kernel's flags (besides STABLE, LP, DT and the tiles)."""
+    tf = (True, False)
+    if kernel == "rstep_fwd_kernel":
+        return [dict(FIRST=f, LAST=l, STATS=s) for f in tf for l in tf for s in tf]
+    if kernel in ("rstep_bwd_q_kernel", "rstep_bwd_kv_kernel"):
+        return [dict(FIRST=f, LAST=l) for f in tf for l in tf]
+    if kernel == "lstep_fwd_kernel":
+        return [dict(LAST=True, ONE=False), dict(LAST=False, ONE=True), dict(LAST=False, ONE=False)]
+    return [dict(LAST=l, ONE=o) for l in tf for o in tf]  # lstep_bwd_kernel
+
+
+_KERNELS = ("rstep_fwd_kernel", "rstep_bwd_q_kernel", "rstep_bwd_kv_kernel", "lstep_fwd_kernel", "lstep_bwd_kernel")
+_TABLE_KEY = {"rstep_fwd_kernel": "rf", "rstep_bwd_q_kernel": "rq", "rstep_bwd_kv_kernel": "rkv",
+              "lstep_fwd_kernel": "lf", "lstep_bwd_kernel": "lb"}
+
+
+def _tiles_of(kernel: str, lp: bool, dp: int, dvp: int, flags: dict):
+    """The (tile, warps) pairs the launcher can give a kernel: every power of two from 16 to the
+    table's tile (smaller problems clip it)."""
+    tab = _TILE_TABLE[(lp, _dim_class(dp, dvp))]
+    name = "lb1" if kernel == "lstep_bwd_kernel" and flags.get("ONE") else _TABLE_KEY[kernel]
+    top, warps = tab[name]
+    return [(t, warps) for t in (16, 32, 64) if t <= top]
+
+
+def _config(kernel: str, lp: bool, DT, dp: int, dvp: int, stable: bool, flags: dict, tile: int, warps: int
+            ) -> KernelConfig:
+    t = dict(RC=tile, KC=tile) if kernel.startswith("rstep") else dict(LC=tile, LK=tile)
+    cx = dict(flags, STABLE=stable, LP=lp, DT=DT, DP=dp, DVP=dvp, **t)
+    return KernelConfig(kernel, tuple(sorted(cx.items(), key=lambda kv: kv[0])), warps)
+
+
+def launcher_configs(full: bool = False) -> List[KernelConfig]:
+    """The kernel variants the launchers can compile (choose_tiles, _TILE_TABLE).
+
+    full=True: every one (5 dtype / product variants x padded head dims 16..256 for D and Dv x
+    both modes x every flag combination x every tile up to the table's: thousands, hours to
+    compile). Default, a covering subset (~80): (a) resources, which grow with the tile and the
+    head dims: each kernel's heaviest flags at the table's largest tiles for head dims 64, 128 and
+    256 (D = Dv), with 16-bit and with fp32 products; (b) structure: every flag combination of
+    every kernel in reference mode with D != Dv (32 / 16) at 16-wide tiles, and the other dtype /
+    product variants (fp16, bf16 and fp16 with fp32 products) at head dim 64."""
     import triton.language as tl
 
-    dtypes = [("fp32", tl.float32, False), ("fp16", tl.float16, True), ("bf16", tl.bfloat16, True),
-              ("bf16_fp32", tl.bfloat16, False)]
+    variants = [("fp32", tl.float32, False), ("bf16", tl.bfloat16, True), ("fp16", tl.float16, True),
+                ("bf16_fp32", tl.bfloat16, False), ("fp16_fp32", tl.float16, False)]
+    out: List[KernelConfig] = []
     seen = set()
-    out = []
 
-    def add(kernel, warps, **cx):
-        key = (kernel, tuple(sorted((k, str(v)) for k, v in cx.items())), warps)
+    def add(cfg: KernelConfig) -> None:
+        key = (cfg.kernel, tuple((k, str(v)) for k, v in cfg.constexprs), cfg.num_warps)
         if key not in seen:
             seen.add(key)
-            out.append(KernelConfig(kernel, tuple(sorted(cx.items(), key=lambda kv: kv[0])), warps))
+            out.append(cfg)
 
-    # the tile sets choose_tiles can return: per padded head dims, chunk sizes 16 .. cap
-    tile_sets = []
-    for dp in _head_dims():
-        for dvp in _head_dims():
-            base = choose_tiles(1 << 16, 1 << 16, dp, dvp)
-            cap = base.rc
-            sizes = [s for s in (16, 32, 64) if s <= cap]
-            tile_sets.append((dp, dvp, sizes, base.warps))
-    for dp, dvp, sizes, warps in tile_sets:
-        for name, DT, LP in dtypes:
-            if not full and name == "bf16_fp32" and dp != 64:
-                continue
-            for r in sizes if full or (dp == 64 and dvp == 64) else sizes[-1:]:
-                for stable in (True, False) if full or r == sizes[-1] else (True,):
-                    for first in (True, False):
-                        for last in (True, False):
-                            for stats in (True, False):
-                                add("rstep_fwd_kernel", warps, FIRST=first, LAST=last, STATS=stats, STABLE=stable,
-                                    LP=LP, DT=DT, RC=r, KC=r, DP=dp, DVP=dvp)
-                            add("rstep_bwd_q_kernel", warps, FIRST=first, LAST=last, STABLE=stable, LP=LP, DT=DT,
-                                RC=r, KC=r, DP=dp, DVP=dvp)
-                            add("rstep_bwd_kv_kernel", warps, FIRST=first, LAST=last, STABLE=stable, LP=LP, DT=DT,
-                                RC=r, KC=r, DP=dp, DVP=dvp)
-                    for last in (True, False):
-                        for one in ((False,) if last else (True, False)):
-                            add("lstep_fwd_kernel", warps, LAST=last, STABLE=stable, LP=LP, DT=DT, LC=r, LK=r,
-                                ONE=one, DP=dp, DVP=dvp)
-                        for one in (True, False):
-                            add("lstep_bwd_kernel", warps, LAST=last, STABLE=stable, LP=LP, DT=DT, LC=r, LK=r, ONE=one,
-                                DP=dp, DVP=dvp)
-    return iter(out)
+    if full:
+        for name, DT, lp in variants:
+            for dp in _PADDED_DIMS:
+                for dvp in _PADDED_DIMS:
+                    for kernel in _KERNELS:
+                        for flags in _flag_sets(kernel):
+                            for tile, warps in _tiles_of(kernel, lp, dp, dvp, flags):
+                                for stable in (True, False):
+                                    add(_config(kernel, lp, DT, dp, dvp, stable, flags, tile, warps))
+        return out
+    heaviest = {
+        "rstep_fwd_kernel": [dict(FIRST=False, LAST=True, STATS=True)],
+        "rstep_bwd_q_kernel": [dict(FIRST=False, LAST=True)],
+        "rstep_bwd_kv_kernel": [dict(FIRST=False, LAST=True)],
+        "lstep_fwd_kernel": [dict(LAST=True, ONE=False), dict(LAST=False, ONE=True)],
+        "lstep_bwd_kernel": [dict(LAST=True, ONE=True), dict(LAST=False, ONE=True), dict(LAST=False, ONE=False)],
+    }
+    for name, DT, lp in variants[:2]:
+        for d in (64, 128, 256):
+            for kernel, fl in heaviest.items():
+                for flags in fl:
+                    tile, warps = _tiles_of(kernel, lp, d, d, flags)[-1]
+                    add(_config(kernel, lp, DT, d, d, True, flags, tile, warps))
+    for kernel in _KERNELS:
+        for flags in _flag_sets(kernel):
+            warps = _tiles_of(kernel, True, 32, 16, flags)[0][1]
+            add(_config(kernel, True, tl.bfloat16, 32, 16, False, flags, 16, warps))
+    for name, DT, lp in variants[2:]:
+        for kernel in ("rstep_fwd_kernel", "lstep_bwd_kernel"):
+            flags = heaviest[kernel][0]
+            tile, warps = _tiles_of(kernel, lp, 64, 64, flags)[-1]
+            add(_config(kernel, lp, DT, 64, 64, True, flags, tile, warps))
+    return out
 
 
 def signature(kernel_name: str, dtype) -> Dict[str, str]:
@@ -599,7 +679,7 @@ def signature(kernel_name: str, dtype) -> Dict[str, str]:
     for q, k, v, o, dout; float32 for the state; i32 for sizes and strides; fp32 scale)."""
     import triton.language as tl
 
-    fn = getattr(_load_compiled_for_signature(), kernel_name)
+    fn = getattr(compiled_kernels(), kernel_name)
     names = [p.name for p in fn.params if not p.is_constexpr]
     inp = {tl.float32: "*fp32", tl.float16: "*fp16", tl.bfloat16: "*bf16"}[dtype]
     typed = {"q": inp, "k": inp, "v": inp, "o": inp, "g": inp}
@@ -617,8 +697,63 @@ def signature(kernel_name: str, dtype) -> Dict[str, str]:
     return sig
 
 
-def _load_compiled_for_signature():
+def compiled_kernels():
+    """The compiled (not interpreted) kernel module, also where no GPU is (for triton.compile)."""
     global _compiled
     if _compiled is None:
         _compiled = _load_kernels(False)
     return _compiled
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """One configuration compiled for one target: shared memory (bytes, Triton's metadata),
+    registers and stack frame (bytes a thread: spills) from cuobjdump -res-usage (None if absent)."""
+
+    config: KernelConfig
+    arch: int
+    shared: int
+    registers: Optional[int]
+    stack: Optional[int]
+
+
+def compile_config(cfg: KernelConfig, arch: int) -> CompileResult:
+    """triton.compile of one configuration for GPUTarget("cuda", arch, 32): no GPU needed. Raises
+    the compiler's error."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cx = dict(cfg.constexprs)
+    fn = getattr(compiled_kernels(), cfg.kernel)
+    k = triton.compile(ASTSource(fn, signature(cfg.kernel, cx["DT"]), cx), target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": cfg.num_warps})
+    regs = stack = None
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if os.path.exists(tool):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+)", text)
+        if m:
+            regs, stack = int(m.group(1)), int(m.group(2))
+    return CompileResult(cfg, arch, int(k.metadata.shared), regs, stack)
+
+
+def compile_report(full: bool = False, archs=(80, 90)) -> None:
+    """Prints every configuration's resources (python -c 'from strata.gpu import monarch as m;
+    m.compile_report()')."""
+    for cfg in launcher_configs(full):
+        for arch in archs:
+            r = compile_config(cfg, arch)
+            cx = dict(cfg.constexprs)
+            flags = " ".join(f"{k}={int(v)}" for k, v in cx.items() if isinstance(v, bool))
+            print(f"sm_{arch} {cfg.kernel:20s} {str(cx['DT']):8s} DP={cx['DP']:3d} DVP={cx['DVP']:3d} "
+                  f"tile={cx.get('RC', cx.get('LC'))} warps={cfg.num_warps} {flags}: shared {r.shared} "
+                  f"regs {r.registers} stack {r.stack}", flush=True)
