@@ -5,7 +5,7 @@
 
 Rows are matched by (case, method, dtype, shape); each side's time per row is the median over its
 files of the rows' median_s. Prints old / new per row (> 1: the new build is faster) and one
-summary line: rows, min, median, max of that ratio (the docs/results.md "nothing got slower" table).
+summary line: rows, min, median, max of that ratio (an A/B before and after a change: the quick benches).
 """
 import argparse
 import json

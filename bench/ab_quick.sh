@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of two builds on the quick benches ("nothing else gets slower", docs/results.md): attention
+# A/B of two builds on the quick benches (a change must make nothing else slower): attention
 # --quick and its N = 256 fp32 rows in the order new, old, old, new; mlr and monarch --quick once
 # each; then `bench memory` of the new build; then bench/ab_compare.py's summary rows.
 # Usage: bench/ab_quick.sh OLD_CHECKOUT NEW_CHECKOUT OUT_DIR   (each checkout built: build/release/strata)

@@ -1,5 +1,5 @@
 # MLR attention with block lists that do not nest (the kernel's general path) vs nested ones of the same
-# ranks: fwd and fwd+bwd wall time (median of 7 calls after a warm-up). docs/results.md, "Block lists
+# ranks: fwd and fwd+bwd wall time (median of 7 calls after a warm-up). docs/notes.md, "Block lists
 # that do not nest". Run: STRATA_LIB=build/release/torch/libstrata_torch.so PYTHONPATH=python python bench/mlr_nonnested_timing.py
 import time, statistics, torch, strata
 torch.manual_seed(0)
