@@ -14,7 +14,11 @@ APT_PKGS=(g++ cmake ninja-build ccache pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
           libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libutf8proc-dev libhwy-dev
           clang libclang-rt-dev bible-kjv)  # clang + its runtimes: the libFuzzer targets (scripts/fuzz.sh)
-PIP_PKGS=("torch==$TORCH_VERSION" "numpy" "pytest" "matplotlib")
+# The Hugging Face / timm integrations (python/strata/integrations, pyproject's [hf] extra) are tested
+# at these versions; torchvision is torch's own companion (timm imports it): 0.26 goes with torch 2.11.
+TORCHVISION_VERSION="${STRATA_TORCHVISION_VERSION:-0.26.0}"
+HF_PINS=("transformers==5.25.0" "timm==1.0.31" "torchvision==$TORCHVISION_VERSION")
+PIP_PKGS=("torch==$TORCH_VERSION" "numpy" "pytest" "matplotlib" "${HF_PINS[@]}")
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -55,13 +59,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV" || die "could not create a venv with $PY (is python3-venv installed?)"
 fi
 need_pip=0
-"$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PYEOF' || need_pip=1
+"$VENV/bin/python" - "$TORCH_VERSION" "${HF_PINS[@]}" 2>/dev/null <<'PYEOF' || need_pip=1
 import sys, importlib.metadata as md
 want = sys.argv[1]
 have = md.version("torch").split("+")[0]
 assert have == want, f"torch {have} != {want}"
 for p in ("numpy", "pytest", "matplotlib"):
     md.version(p)
+for pin in sys.argv[2:]:  # name==version, exactly
+    name, version = pin.split("==")
+    assert md.version(name).split("+")[0] == version, f"{name} != {version}"
 PYEOF
 if [ $need_pip = 1 ]; then
   log "installing PyPI packages into $VENV: ${PIP_PKGS[*]} (torch is large: several minutes)"
