@@ -237,7 +237,7 @@ def mask_to_strata(where: str, mask: Optional[torch.Tensor], batch: int, q_len: 
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
         _check.fail(where, "attention_mask", "None or a 4-D mask (batch, heads, q_len, k_len)",
                     f"{type(mask).__name__} of shape {list(getattr(mask, 'shape', []))}", TypeError)
-    if mask.shape[-2:] != (q_len, k_len) or mask.shape[0] not in (1, batch):
+    if mask.shape[-1] != k_len or mask.shape[-2] not in (1, q_len) or mask.shape[0] not in (1, batch):
         _check.fail(where, "attention_mask", f"a mask broadcastable to ({batch}, heads, {q_len}, {k_len})",
                     f"shape {list(mask.shape)}")
     if mask.dtype == torch.bool:
