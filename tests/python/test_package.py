@@ -35,7 +35,7 @@ def test_version_is_the_project_version():
 def test_info_reports_the_loaded_library_and_where_it_runs():
     info = strata.info()
     assert set(info) == {"version", "library", "isa", "threads", "cpu_features", "torch", "torch_built_with",
-                         "torch_threads", "thread_pool", "bf16_auto", "bf16_dot_rates"}
+                         "torch_threads", "thread_pool", "bf16_auto", "bf16_dot_rates", "gpu"}
     assert Path(info["library"]) == strata.library_path and strata.library_path.is_file()
     assert info["isa"] in ("scalar", "avx2", "avx512")
     assert isinstance(info["threads"], int) and info["threads"] >= 1
@@ -50,6 +50,11 @@ def test_info_reports_the_loaded_library_and_where_it_runs():
     else:
         assert (dot, fma) == (0.0, 0.0) and info["bf16_auto"] == "fp32"
     assert info["torch_built_with"].split(".")[:2] == torch.__version__.split("+")[0].split(".")[:2]
+    # per op family, the path CUDA tensors take: Triton only for the families that have kernels
+    assert set(info["gpu"]) == {"monarch", "attention", "mlr", "structured_linear"}
+    assert all(p.startswith(("triton (", "torch-ops (")) for p in info["gpu"].values()), info["gpu"]
+    if not torch.cuda.is_available():
+        assert all(p.startswith("torch-ops (") for p in info["gpu"].values()), info["gpu"]
 
 
 def test_isa_follows_strata_isa(tmp_path):

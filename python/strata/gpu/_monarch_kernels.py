@@ -18,18 +18,19 @@ M x M matrix: those tiles exist only in registers / shared memory.
 
 Scratch layouts (float32, contiguous; bh = b * Hq + h):
     al, dal      [BH, B, M, D]     row (j, k) at (bh * B + j) * M + k
-    y, dy        [BH, B, M, Dv]
+    y, dy        [BH, B, M, Dv]    (y in the input dtype with 16-bit products: only rounded reads)
     cl, lse_r, sumr, dcl, rowdot, ls, rr, gk, ek   [BH, B, M]
     abar (state) any strides (b, h, p, d): one slab of batch x heads_q x (T-1) x P x D
     dabar, dq    [BH, P, D];  dk [B*Hkv, P, D], dv [B*Hkv, P, Dv]
     w            [batch, P]  1.0 for a real unmasked token, 0.0 for padding or key_padding_mask == 0
     blk          [batch, M]  1.0 where block k has a valid key
-Products (constexpr LP: 16-bit inputs with 16-bit products): operands that are inputs enter
-exactly; fp32 operands that feed a logit (abar, R, al, w L) enter as two DT parts hi + lo (the CPU
-kernel's bf16 rule, strata/monarch.h: one rounding there moved logits by 2^-9 of their scale);
-gradient products and y = R v, O = L y round their fp32 operands to DT once, as FlashAttention
-rounds P and dS. Not LP (float32 inputs, or compute="fp32"): every product in fp32 with
-input_precision="ieee" (no TF32).
+Products (constexpr LP: 16-bit inputs with 16-bit products, fp32 accumulation): an input (q, k,
+v, dO, and y, stored in the input dtype) enters exactly; probabilities and their gradients (R, L,
+ds, du: what FlashAttention rounds as P and dS) are rounded to DT once; every other fp32
+intermediate (abar, al, dal, dabar, dy; and R, w L where they feed a logit) enters as two DT parts
+hi + lo (~2^-17 relative: the CPU kernel's rule for the operands that feed a logit, strata/monarch.h;
+rounding them too doubled the gradients' error in fp16, 4.5e-4 -> 2.7e-4 with all split).
+Not LP (float32 inputs, or compute="fp32"): every product in fp32 with input_precision="ieee".
 """
 
 import triton
@@ -192,7 +193,8 @@ def rstep_fwd_kernel(
     tl.store(cl + srow, clv, mask=rowok)
     if LAST:
         e = tl.arange(0, DVP)
-        tl.store(y + srow[:, None] * Dv + e[None, :], acc_y * rz[:, None], mask=rowok[:, None] & (e[None, :] < Dv))
+        tl.store(y + srow[:, None] * Dv + e[None, :], (acc_y * rz[:, None]).to(y.dtype.element_ty),
+                 mask=rowok[:, None] & (e[None, :] < Dv))
     if STATS:
         tl.store(lse + srow, tl.where(rz > 0, m - tl.log(tl.where(rz > 0, rz, 1.0)), float("inf")), mask=rowok)  # rz = 0: +inf, so R = exp(S - lse) = 0
         tl.store(sumr + srow, sR, mask=rowok)
@@ -398,12 +400,12 @@ def lstep_bwd_kernel(
             an_k = tl.load(anext + b * a_sb + h * a_sh + kpos[:, None] * a_sp + d[None, :] * a_sd,
                            mask=kin[:, None] & (d[None, :] < D), other=0.0)
             e_k = tl.sum(da_k * an_k, axis=1)
-            X = _mm(Q, tl.trans(da_k), LP, DT)
+            X = _mm_sb(Q, tl.trans(da_k), LP, DT)
             dL = wl[:, None] * g_k[None, :] * (X - e_k[None, :])
             r_l = tl.sum(L * dL, axis=1)
-            dq_l = _mm(L * g_k[None, :], da_k, LP, DT) * wl[:, None]  # sum_k P[k, l] dabar_k
+            dq_l = _mm_sb(L * g_k[None, :], da_k, LP, DT) * wl[:, None]  # sum_k P[k, l] dabar_k
         du = L * (dL - r_l[:, None])
-        dq_l += _mm(du, al_k, LP, DT)
+        dq_l += _mm_sb(du, al_k, LP, DT)
         qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
         qm = lin[:, None] & (d[None, :] < D)
         tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + dq_l, mask=qm)
@@ -492,7 +494,7 @@ def lstep_bwd_kernel(
                     kpos = (kk * B + jj).to(tl.int64)
                     da_k = tl.load(dabar + (prow0 + kpos)[:, None] * D + d[None, :],
                                    mask=kin[:, None] & (d[None, :] < D), other=0.0)
-                    V += _mm(Lg, da_k, LP, DT)
+                    V += _mm_sb(Lg, da_k, LP, DT)
                     E += tl.sum(Lg * tl.load(ek + srow0 + kk, mask=kin, other=0.0)[None, :], axis=1)
                 tl.store(rr + srow0 + ll, wl * (tl.sum(Q.to(tl.float32) * V, axis=1) - E), mask=lin)
                 qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
@@ -529,14 +531,14 @@ def lstep_bwd_kernel(
                     acc_dy += _mm(tl.trans(L), G, LP, DT)
                 else:
                     wl = tl.load(w + b * w_sb + pos, mask=lin, other=0.0)
-                    X = _mm(Q, tl.trans(da_k), LP, DT)
+                    X = _mm_sb(Q, tl.trans(da_k), LP, DT)
                     dL = wl[:, None] * g_k[None, :] * (X - e_k[None, :])
                 du = L * (dL - r_l[:, None])
                 acc_dal += _mm(tl.trans(du), Q, LP, DT)
                 acc_dcl -= tl.sum(du, axis=0)
                 qptr = dq + (prow0 + pos.to(tl.int64))[:, None] * D + d[None, :]
                 qm = lin[:, None] & (d[None, :] < D)
-                tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + _mm(du, al_k, LP, DT), mask=qm)
+                tl.store(qptr, tl.load(qptr, mask=qm, other=0.0) + _mm_sb(du, al_k, LP, DT), mask=qm)
             al_k = tl.load(al + (srow0 + kk)[:, None] * D + d[None, :], mask=kin[:, None] & (d[None, :] < D), other=0.0)
             cl_k = tl.load(cl + srow0 + kk, mask=kin, other=0.0)
             sr_k = tl.load(sumr + srow0 + kk, mask=kin, other=0.0)
@@ -571,9 +573,9 @@ def _r_grad(A, Kt, Vt, kval, dal_r, dcl_r, rd_r, lse_r, dy_r, sc, FIRST: tl.cons
     logR = S - lse_r[:, None]
     R = tl.exp(logR)
     logR = tl.where(R > 0, logR, 0.0)  # -inf at masked keys: keeps dcl * logR finite (R = 0 there)
-    dP = _mm(dal_r * sc, tl.trans(Kt), LP, DT)
+    dP = _mm_sa(dal_r * sc, tl.trans(Kt), LP, DT)
     if LAST:
-        dP += _mm(dy_r, tl.trans(Vt), LP, DT)
+        dP += _mm_sa(dy_r, tl.trans(Vt), LP, DT)
     ds = tl.where(R > 0, R * (dP + dcl_r[:, None] * (logR + 1.0) - rd_r[:, None]), 0.0)
     return R, ds
 
@@ -690,9 +692,13 @@ def rstep_bwd_kv_kernel(
                 dy_r = tl.load(dy + srow[:, None] * Dv + e[None, :], mask=rowok[:, None] & (e[None, :] < Dv),
                                other=0.0)
             R, ds = _r_grad(A, Kt, Vt, kval, dal_r, dcl_r, rd_r, lse_r, dy_r, sc, FIRST, LAST, LP, DT)
-            acc_k += _mm(tl.trans(ds), A, LP, DT) + _mm(tl.trans(R), dal_r, LP, DT)
+            if FIRST:
+                acc_k += _mm(tl.trans(ds), A, LP, DT)
+            else:
+                acc_k += _mm_sb(tl.trans(ds), A, LP, DT)
+            acc_k += _mm_sb(tl.trans(R), dal_r, LP, DT)
             if LAST:
-                acc_v += _mm(tl.trans(R), dy_r, LP, DT)
+                acc_v += _mm_sb(tl.trans(R), dy_r, LP, DT)
     row = bk.to(tl.int64) * P + pk.to(tl.int64)
     kp = dk + row[:, None] * D + d[None, :]
     km = kin[:, None] & (d[None, :] < D)

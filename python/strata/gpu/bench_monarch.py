@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 
 
+SMOKE = False  # --cpu-smoke: every code path once on CPU tensors (interpreter), host-clock times
+
+
 def _bench(fn, inputs, warmup_ms=25, rep_ms=100):
     """Median ms of fn over the input sets in turn (do_bench times one callable: it alternates)."""
-    import triton.testing
-
     state = {"i": 0}
 
     def call():
@@ -42,11 +43,19 @@ def _bench(fn, inputs, warmup_ms=25, rep_ms=100):
         state["i"] += 1
         return fn(*x)
 
+    if SMOKE:
+        t = time.perf_counter()
+        call()
+        return (time.perf_counter() - t) * 1e3
+    import triton.testing
+
     return triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
 def _ceilings():
     """Measured copy bandwidth (bytes read + written per s) and bf16 matmul rate (FLOP/s)."""
+    if SMOKE:
+        return 1e12, 1e12  # placeholders: a smoke run times nothing real
     import triton.testing
 
     src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda").random_(0, 255)  # 256 MiB
@@ -73,9 +82,15 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=65536, help="batch x N per shape")
-    ap.add_argument("--quick", action="store_true", help="short warm-up / repeat (a smoke run)")
+    ap.add_argument("--quick", action="store_true", help="short warm-up / repeat")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="no GPU: run every path once on CPU tensors (Triton interpreter; tiny sizes, "
+                    "host-clock times that mean nothing), to check this script")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    global SMOKE
+    SMOKE = a.cpu_smoke
+    dev_t = "cpu" if SMOKE else "cuda"
+    if not SMOKE and not torch.cuda.is_available():
         print("bench_monarch: no CUDA device", file=sys.stderr)
         return 3
     import strata
@@ -85,24 +100,28 @@ def main(argv=None) -> int:
 
     t_start = time.time()
     rep = dict(warmup_ms=5, rep_ms=20) if a.quick else dict(warmup_ms=25, rep_ms=100)
-    dev = torch.cuda.get_device_name()
+    dev = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     copy_bw, mm_rate = _ceilings()
     res = dict(device=dev, torch=torch.__version__, strata=strata.__version__, paths=sg.paths(),
                copy_bytes_per_s=copy_bw, bf16_matmul_flops=mm_rate, heads=a.heads, dim=a.dim, rows=[], errors=[])
     H, D = a.heads, a.dim
-    dt = torch.bfloat16
-    for N in (int(x) for x in a.ns.split(",")):
+    ns = [int(x) for x in a.ns.split(",")]
+    if SMOKE:
+        H, a.tokens, ns = 2, 64, [32, 64]
+    dt = torch.float16 if SMOKE else torch.bfloat16  # the interpreter has no bf16 dot
+    backend = SDPBackend.MATH if SMOKE else SDPBackend.FLASH_ATTENTION
+    for N in ns:
         batch = max(1, a.tokens // N)
         sets = []
         for s in range(2):
-            g = torch.Generator(device="cuda").manual_seed(s)
-            qkv = [torch.randn(batch, N, H, D, device="cuda", dtype=dt, generator=g) for _ in range(3)]
+            g = torch.Generator(device=dev_t).manual_seed(s)
+            qkv = [torch.randn(batch, N, H, D, device=dev_t, dtype=dt, generator=g) for _ in range(3)]
             sets.append(qkv)
-        grads = [torch.randn(batch, N, H, D, device="cuda", dtype=dt) for _ in range(2)]
+        grads = [torch.randn(batch, N, H, D, device=dev_t, dtype=dt) for _ in range(2)]
         io_bytes = 4 * batch * N * H * D * 2  # q, k, v read, o written (bf16)
         # SDPA flash (bshd -> bhsd views)
         sd_sets = [[t.transpose(1, 2) for t in s] for s in sets]
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
             sdpa_fwd = _bench(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), sd_sets, **rep)
             sd_req = [[t.detach().clone().requires_grad_() for t in s] for s in sd_sets]
 
@@ -119,6 +138,10 @@ def main(argv=None) -> int:
             req = [[t.detach().clone().requires_grad_() for t in s] for s in sets]
 
             def tri_fb(q, k, v):
+                if SMOKE:  # on the CPU the op has the CPU kernel: the launchers directly
+                    o, st = gm.forward(q.detach(), k.detach(), v.detach(), T)
+                    gm.backward(q.detach(), k.detach(), v.detach(), st, grads[0], T)
+                    return
                 o = strata.monarch_attention(q, k, v, num_steps=T)
                 o.backward(grads[0])
 
@@ -134,14 +157,14 @@ def main(argv=None) -> int:
                        monarch_flops=flops, triton_fwd_floor_ms=floor_fwd,
                        triton_fwd_floor_fraction=floor_fwd / tri_fwd,
                        sdpa_fwd_floor_fraction=max(dense_flops / mm_rate, io_bytes / copy_bw) * 1e3 / sdpa_fwd,
-                       state_floats_fwd=gm.state_floats(gm.make_call("bench", *sets[0], T, 0, "post", "stable", None,
+                       state_bytes_fwd=gm.state_bytes(gm.make_call("bench", *sets[0], T, 0, "post", "stable", None,
                                                                       None, "bshd", "auto"), save_state=False))
             res["rows"].append(row)
             print(json.dumps(row), flush=True)
         del sets, grads, sd_sets, sd_req
         torch.cuda.empty_cache()
     # errors against float64 (small shapes: the Monarch reference materialises N x N on the CPU)
-    for N in (256, 1024, 2048):
+    for N in ((32,) if SMOKE else (256, 1024, 2048)):
         for T in (int(x) for x in a.steps.split(",")):
             g = torch.Generator().manual_seed(7)
             q, k, v = (torch.randn(1, N, 2, D, generator=g, dtype=torch.float64).to(dt) for _ in range(3))
@@ -149,14 +172,18 @@ def main(argv=None) -> int:
             qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
             ref = strata.monarch_attention(qd, kd, vd, num_steps=T)
             rg = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
-            qc, kc, vc = (t.cuda().requires_grad_() for t in (q, k, v))
-            out = strata.monarch_attention(qc, kc, vc, num_steps=T)
-            og = torch.autograd.grad(out, (qc, kc, vc), dout.cuda())
+            qc, kc, vc = (t.to(dev_t).requires_grad_() for t in (q, k, v))
+            if SMOKE:  # the launchers directly (on the CPU the op has the CPU kernel)
+                out, st = gm.forward(qc, kc, vc, T)
+                og = gm.backward(qc, kc, vc, st, dout, T)
+            else:
+                out = strata.monarch_attention(qc, kc, vc, num_steps=T)
+                og = torch.autograd.grad(out, (qc, kc, vc), dout.cuda())
             # SDPA bf16 against float64 softmax attention, same inputs
-            sq, sk, sv = (t.transpose(1, 2).cuda().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            sq, sk, sv = (t.transpose(1, 2).to(dev_t).requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(backend):
                 so = F.scaled_dot_product_attention(sq, sk, sv)
-            sg_ = torch.autograd.grad(so, (sq, sk, sv), dout.transpose(1, 2).cuda())
+            sg_ = torch.autograd.grad(so, (sq, sk, sv), dout.transpose(1, 2).to(dev_t))
             dq64, dk64, dv64 = (t.transpose(1, 2).double().requires_grad_() for t in (q, k, v))
             so64 = F.scaled_dot_product_attention(dq64, dk64, dv64)
             sg64 = torch.autograd.grad(so64, (dq64, dk64, dv64), dout.transpose(1, 2).double())

@@ -11,7 +11,7 @@ Kernels (_monarch_kernels.py): per step an R-step launch (one program per block 
 and an L-step launch (one program per offset, and query chunk at the last step); the backward per
 step recomputes the R-step, then the L-step adjoint, the R-step adjoint for dabar / dq and for
 dk / dv (4 launches). The B x B and M x M tiles stay on chip; what crosses launches is the
-algorithm's O(N D) state, counted by :func:`state_floats`.
+algorithm's O(N D) state, counted by :func:`state_bytes`.
 
 CUDA tensors run the compiled kernels; CPU tensors run the same source under Triton's interpreter
 (numpy, slow: for the tests). Coverage: head_dim and head_dim_v <= 256 (MAX_HEAD_DIM); every other
@@ -35,7 +35,7 @@ __all__ = [
     "forward",
     "backward",
     "covers",
-    "state_floats",
+    "state_bytes",
     "launcher_configs",
     "kernels",
     "MAX_HEAD_DIM",
@@ -60,7 +60,7 @@ def _patch_interpreter() -> None:
     2. triton.language.standard's @jit helpers (tl.zeros, tl.max, tl.sum, tl.cdiv, ...) were
        decorated compiled when triton was imported without TRITON_INTERPRET, and a compiled
        JITFunction refuses to be called from Python: during an interpreted launch, run them
-       interpreted. Both patches live in the launch's patch scope (restored after each launch)."""
+       interpreted. Every patch lives in the launch's patch scope (restored after each launch)."""
     import numpy as np
     import triton.runtime.interpreter as interp
     from triton.runtime.jit import JITFunction
@@ -82,19 +82,32 @@ def _patch_interpreter() -> None:
 
     # 3. (speed) a device-function call re-patches triton.language on every call (inspect.getmembers
     # over the modules: 90% of an interpreted backward); patch once per module per launch instead.
+    # 4. Triton's device call patches triton.language for the callee's module and never restores it:
+    # after one interpreted call of a tl.standard helper, tl.core kept the interpreter's builtins and
+    # every later triton.compile in the process failed ("assert (0)" at tl.cdiv). The nested scopes
+    # are restored with the launch's, last first.
     patched_globals = set()
+    nested_scopes = []
 
     def patched_lang(fn):
         patched_globals.clear()  # a launch starts (nested calls do not come here: see device_call)
         patched_globals.add(id(fn.__globals__))
         scope = original_lang(fn)
         scope.set_attr(JITFunction, "__call__", call_interpreted)
+        restore_launch = scope.restore
+
+        def restore():
+            while nested_scopes:
+                nested_scopes.pop().restore()
+            restore_launch()
+
+        scope.restore = restore
         return scope
 
     def device_call(self, *args, **kwargs):
         if id(self.fn.__globals__) not in patched_globals:
             patched_globals.add(id(self.fn.__globals__))
-            original_lang(self.fn)  # as InterpretedFunction.__call__ does (its scope is not restored)
+            nested_scopes.append(original_lang(self.fn))  # restored when the launch ends
         fn = self.rewrite()
         try:
             return fn(*args, **kwargs)
@@ -326,22 +339,27 @@ def covers(call: MonarchCall) -> Optional[str]:
     return None
 
 
-def state_floats(call: MonarchCall, backward: bool = False, save_state: bool = True) -> int:
-    """The float32 values the launcher keeps in device memory beside inputs and outputs (the
-    algorithm's state; never an N x N, B x B or M x M matrix). Per (batch, query head), P = M*B:
-    forward al P*D, cl P, y P*Dv, the L-step's per-query log-normaliser P, abar (T-1)*P*D (the saved
-    state) or P*D (one slab, inference, T > 1), w / blk per batch. Backward: the state (T-1)*P*D
-    (recomputed when not given), al, y, dal, dy (2 P*D + 2 P*Dv), dabar and dq P*D each, nine
-    per-row vectors of P (cl, lse, sum R, dcl, rowdot, ls, rr, gk, ek), dk / dv (P*D + P*Dv per
-    kv head)."""
+def state_bytes(call: MonarchCall, backward: bool = False, save_state: bool = True) -> int:
+    """Bytes of device memory the launcher holds beside inputs and outputs: the algorithm's state,
+    never an N x N, B x B or M x M matrix. Per (batch, query head), P = M*B padded positions,
+    fp32 unless said:
+      forward   al P*D, cl P, the L-step's per-query log-normaliser P, y P*Dv (in the input dtype
+                with 16-bit products), abar (T-1)*P*D (the saved state) or P*D (one reused slab:
+                inference, T > 1); per batch w (P) and blk (M).
+      backward  the state (T-1)*P*D (recomputed when not given), al, dal, dabar, dq P*D each, y, dy
+                P*Dv each, nine per-row vectors of P (cl, lse, sum R, dcl, rowdot, ls, rr, gk, ek);
+                per kv head dk P*D and dv P*Dv; w, blk.
+    In units of q's bytes (N = 4096, 12 heads, d = 64, bf16): forward 3.1 (T = 1), 5.1 (T = 2);
+    backward 17.3 (T = 2) (tests/python/gpu: test_state_bytes_are_o_of_n_d)."""
     c = call
     bh, bk = c.batch * c.Hq, c.batch * c.Hkv
-    per_batch = c.P + c.M
+    ysz = 2 if c.lp else 4
+    per_batch = 4 * (c.P + c.M)
     if not backward:
         abar = (c.T - 1) * c.P * c.D if save_state else (c.P * c.D if c.T > 1 else 0)
-        return bh * (c.P * c.D + c.P * c.Dv + 2 * c.P + abar) + c.batch * per_batch
-    return (bh * ((c.T - 1) * c.P * c.D + 2 * c.P * c.D + 2 * c.P * c.Dv + 2 * c.P * c.D + 9 * c.P)
-            + bk * (c.P * c.D + c.P * c.Dv) + c.batch * per_batch)
+        return bh * (4 * (c.P * c.D + 2 * c.P + abar) + ysz * c.P * c.Dv) + c.batch * per_batch
+    return (bh * (4 * ((c.T - 1) * c.P * c.D + 4 * c.P * c.D + c.P * c.Dv + 9 * c.P) + ysz * c.P * c.Dv)
+            + bk * 4 * (c.P * c.D + c.P * c.Dv) + c.batch * per_batch)
 
 
 def _tl_dtype(dtype: torch.dtype):
@@ -359,7 +377,7 @@ class _Bufs:
     blk: torch.Tensor  # batch x M
     al: torch.Tensor  # BH x B x M x D
     cl: torch.Tensor  # BH x B x M
-    y: torch.Tensor  # BH x B x M x Dv
+    y: torch.Tensor  # BH x B x M x Dv (the input dtype with 16-bit products, else float32)
     ls: torch.Tensor  # BH x B x M
     lse: Optional[torch.Tensor] = None  # backward: BH x B x M
     sumr: Optional[torch.Tensor] = None
@@ -385,7 +403,11 @@ def _bufs(call: MonarchCall, key_padding_mask, device, stats: bool) -> _Bufs:
     return _Bufs(
         w=w, blk=blk,
         al=torch.empty(*rows, call.D, **f32), cl=torch.empty(*rows, **f32),
-        y=torch.empty(*rows, call.Dv, **f32), ls=torch.empty(*rows, **f32),
+        # y feeds only products that round it to the input dtype (O = L y, dL = G y^T: as the CPU
+        # kernel's bf16 path reads y): with 16-bit products it is stored so (a quarter of the
+        # forward's bytes less)
+        y=torch.empty(*rows, call.Dv, dtype=call.dtype if call.lp else torch.float32, device=device),
+        ls=torch.empty(*rows, **f32),
         lse=torch.empty(*rows, **f32) if stats else None, sumr=torch.empty(*rows, **f32) if stats else None,
     )
 
@@ -674,15 +696,16 @@ def launcher_configs(full: bool = False) -> List[KernelConfig]:
     return out
 
 
-def signature(kernel_name: str, dtype) -> Dict[str, str]:
+def signature(kernel_name: str, dtype, lp: bool = False) -> Dict[str, str]:
     """The runtime-argument signature of a kernel for triton.compile (pointers to the input dtype
-    for q, k, v, o, dout; float32 for the state; i32 for sizes and strides; fp32 scale)."""
+    for q, k, v, o, dout, and y with 16-bit products; float32 for the state and the other
+    scratch; i32 for sizes and strides; fp32 scale)."""
     import triton.language as tl
 
     fn = getattr(compiled_kernels(), kernel_name)
     names = [p.name for p in fn.params if not p.is_constexpr]
     inp = {tl.float32: "*fp32", tl.float16: "*fp16", tl.bfloat16: "*bf16"}[dtype]
-    typed = {"q": inp, "k": inp, "v": inp, "o": inp, "g": inp}
+    typed = {"q": inp, "k": inp, "v": inp, "o": inp, "g": inp, "y": inp if lp else "*fp32"}
     sig = {}
     for n in names:
         if n in typed:
@@ -731,7 +754,7 @@ def compile_config(cfg: KernelConfig, arch: int) -> CompileResult:
 
     cx = dict(cfg.constexprs)
     fn = getattr(compiled_kernels(), cfg.kernel)
-    k = triton.compile(ASTSource(fn, signature(cfg.kernel, cx["DT"]), cx), target=GPUTarget("cuda", arch, 32),
+    k = triton.compile(ASTSource(fn, signature(cfg.kernel, cx["DT"], cx["LP"]), cx), target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": cfg.num_warps})
     regs = stack = None
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
